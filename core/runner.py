@@ -1,0 +1,440 @@
+"""The handle-level API used by the CLI, the Airflow provider and the Prefect tasks.
+
+Every method after :meth:`Runner.run` takes an app handle ``{scheduler}://{session}/{app_id}``, so a
+handle passed between processes (XCom, a Prefect result, a terminal) is all that is needed to
+describe, follow or cancel an app.
+
+>>> from core.runner import get_runner
+>>> from core.specs import AppDef, Role
+>>> with get_runner() as runner:  # doctest: +SKIP
+...     handle = runner.run(AppDef("hi", [Role("echo", entrypoint="echo", args=["hi"])]), "local_cwd")
+...     runner.wait(handle).state
+<AppState.SUCCEEDED: 4>
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from core.schedulers import SchedulerFactory, get_default_scheduler_name, get_scheduler_factories
+from core.schedulers.api import IDEMPOTENCY_KEY, ListAppResponse, Scheduler, Stream
+from core.specs import (
+    AppDef,
+    AppDryRunInfo,
+    AppHandle,
+    AppState,
+    AppStatus,
+    CfgVal,
+    make_app_handle,
+    parse_app_handle,
+    runopts,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AppFailedError", "LogLine", "Runner", "get_runner", "DEFAULT_SESSION"]
+
+#: the session name used when none is given (override with ``SHIPYARD_SESSION``)
+DEFAULT_SESSION = "shipyard"
+
+
+class AppFailedError(RuntimeError):
+    """An app ended in a state other than SUCCEEDED.
+
+    Carries ``handle``, ``status`` (the final :class:`AppStatus`), ``exit_codes`` by role and the
+    ``last_lines`` of each failed replica's log, and says all of it in its message.
+    """
+
+    def __init__(
+        self,
+        handle: AppHandle,
+        status: AppStatus | None,
+        last_lines: Mapping[str, list[str]] | None = None,
+    ) -> None:
+        self.handle = handle
+        self.status = status
+        self.state = status.state if status else AppState.UNKNOWN
+        self.exit_codes = status.exit_codes() if status else {}
+        self.last_lines = dict(last_lines or {})
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        codes = ", ".join(
+            f"{role}/{i}={code}"
+            for role, role_codes in self.exit_codes.items()
+            for i, code in enumerate(role_codes)
+            if code not in (None, 0)
+        )
+        head = f"app {self.handle} ended {self.state.name}"
+        if codes:
+            head += f" (exit codes: {codes})"
+        if self.status and self.status.msg and self.status.msg != "<NONE>":
+            head += f": {self.status.msg}"
+        parts = [head]
+        for replica, lines in self.last_lines.items():
+            if lines:
+                parts.append(f"--- last {len(lines)} log lines of {replica} ---")
+                parts.extend(line.rstrip("\n") for line in lines)
+        return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One log line of one replica, as produced by :meth:`Runner.stream_logs`."""
+
+    role: str
+    replica: int
+    line: str
+
+    @property
+    def prefix(self) -> str:
+        """``role/replica``"""
+        return f"{self.role}/{self.replica}"
+
+    def __str__(self) -> str:
+        return f"{self.prefix} {self.line.rstrip(chr(10))}"
+
+
+class Runner:
+    """Submits apps to schedulers and addresses them by app handle afterwards.
+
+    Args:
+        name: the session name apps are submitted under
+        scheduler_factories: available schedulers (default: :func:`get_scheduler_factories`)
+        scheduler_params: keyword arguments passed to every scheduler factory
+    """
+
+    def __init__(
+        self,
+        name: str,
+        scheduler_factories: Mapping[str, SchedulerFactory] | None = None,
+        scheduler_params: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._name = name
+        self._factories = dict(scheduler_factories or get_scheduler_factories())
+        self._scheduler_params = dict(scheduler_params or {})
+        self._schedulers: dict[tuple[str, str], Scheduler[Any]] = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes every scheduler this runner created. Never raises."""
+        with self._lock:
+            schedulers, self._schedulers = list(self._schedulers.values()), {}
+        for sched in schedulers:
+            try:
+                sched.close()
+            except Exception:  # close must never raise
+                log.debug("closing %s failed", sched, exc_info=True)
+
+    @property
+    def session_name(self) -> str:
+        """The session apps are submitted under."""
+        return self._name
+
+    def scheduler_backends(self) -> list[str]:
+        """Names of the schedulers this runner can use."""
+        return list(self._factories)
+
+    def _scheduler(self, backend: str, session: str | None = None) -> Scheduler[Any]:
+        session = self._name if session is None else session
+        key = (backend, session)
+        with self._lock:
+            sched = self._schedulers.get(key)
+            if sched is None:
+                factory = self._factories.get(backend)
+                if factory is None:
+                    raise ValueError(
+                        f"scheduler: unknown scheduler {backend!r}; expected one of"
+                        f" {', '.join(self._factories)}"
+                    )
+                sched = factory(session, **self._scheduler_params)
+                self._schedulers[key] = sched
+            return sched
+
+    def _handle_scheduler(self, app_handle: AppHandle) -> tuple[Scheduler[Any], str]:
+        parsed = parse_app_handle(app_handle)
+        return self._scheduler(parsed.scheduler_backend, parsed.session_name), parsed.app_id
+
+    # -- submitting --------------------------------------------------------------------------
+
+    def dryrun(
+        self,
+        app: AppDef,
+        scheduler: str,
+        cfg: Mapping[str, CfgVal] | None = None,
+        workspace: str | None = None,
+    ) -> AppDryRunInfo[Any]:
+        """The request that :meth:`run` would submit (``str()`` of it is printable)."""
+        sched = self._scheduler(scheduler)
+        resolved = sched.run_opts().resolve(cfg)
+        if workspace:
+            app = sched._apply_workspace(app, workspace, resolved)
+        return sched.submit_dryrun(app, resolved)
+
+    def schedule(self, dryrun_info: AppDryRunInfo[Any]) -> AppHandle:
+        """Submits a request made by :meth:`dryrun` and returns the app handle."""
+        if dryrun_info._scheduler is None:
+            raise ValueError("dryrun_info: not made by a scheduler's submit_dryrun")
+        sched = self._scheduler(dryrun_info._scheduler)
+        app_id = sched.schedule(dryrun_info)
+        handle = make_app_handle(sched.backend, sched.session_name, app_id)
+        log.info("launched %s", handle)
+        return handle
+
+    def run(
+        self,
+        app: AppDef,
+        scheduler: str | None = None,
+        cfg: Mapping[str, CfgVal] | None = None,
+        workspace: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppHandle:
+        """Submits ``app`` to ``scheduler`` (default: the default scheduler) and returns its handle.
+
+        With ``idempotency_key``, an app already submitted with the same key (by any process) is
+        returned instead of submitting a second one: a retried task re-attaches to its job.
+        """
+        scheduler = scheduler or get_default_scheduler_name()
+        if idempotency_key:
+            existing = self.find(scheduler, idempotency_key)
+            if existing:
+                log.info("re-attaching to %s (idempotency key %s)", existing, idempotency_key)
+                return existing
+            app = AppDef(app.name, app.roles, {**app.metadata, IDEMPOTENCY_KEY: idempotency_key})
+        return self.schedule(self.dryrun(app, scheduler, cfg, workspace))
+
+    def find(self, scheduler: str, idempotency_key: str) -> AppHandle | None:
+        """The handle of the app submitted to ``scheduler`` with ``idempotency_key``, or None."""
+        sched = self._scheduler(scheduler)
+        app_id = sched.find_by_idempotency_key(idempotency_key)
+        return make_app_handle(sched.backend, sched.session_name, app_id) if app_id else None
+
+    # -- observing ---------------------------------------------------------------------------
+
+    def status(self, app_handle: AppHandle) -> AppStatus | None:
+        """The app's current status, or None if the scheduler does not know it."""
+        sched, app_id = self._handle_scheduler(app_handle)
+        return _to_status(sched.describe(app_id))
+
+    def status_many(self, app_handles: Iterable[AppHandle]) -> dict[AppHandle, AppStatus | None]:
+        """Statuses of several apps; one backend call per scheduler where the backend allows."""
+        groups: dict[tuple[str, str], list[tuple[AppHandle, str]]] = {}
+        for handle in app_handles:
+            p = parse_app_handle(handle)
+            groups.setdefault((p.scheduler_backend, p.session_name), []).append((handle, p.app_id))
+        out: dict[AppHandle, AppStatus | None] = {}
+        for (backend, session), items in groups.items():
+            described = self._scheduler(backend, session).describe_many([a for _, a in items])
+            for handle, app_id in items:
+                out[handle] = _to_status(described.get(app_id))
+        return out
+
+    def describe(self, app_handle: AppHandle) -> AppDef | None:
+        """The app as the scheduler knows it (roles may be partial), or None if unknown."""
+        sched, app_id = self._handle_scheduler(app_handle)
+        desc = sched.describe(app_id)
+        if desc is None:
+            return None
+        return AppDef(name=app_id, roles=list(desc.roles))
+
+    def wait(
+        self,
+        app_handle: AppHandle,
+        wait_interval: float = 1.0,
+        timeout: float | None = None,
+    ) -> AppStatus | None:
+        """Blocks until the app is terminal and returns its final status (None if unknown).
+
+        Polls quickly at first, backing off to ``wait_interval`` seconds.
+
+        Raises:
+            TimeoutError: if ``timeout`` seconds pass first (the app keeps running).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = min(0.005, wait_interval)
+        while True:
+            status = self.status(app_handle)
+            if status is None or status.is_terminal():
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"app {app_handle} still {status.state.name} after {timeout}s")
+            sleep = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+            time.sleep(sleep)
+            delay = min(delay * 2, wait_interval)
+
+    def list(self, scheduler: str | None = None) -> list[ListAppResponse]:
+        """Apps on ``scheduler`` (default: the default scheduler), with handles filled in."""
+        sched = self._scheduler(scheduler or get_default_scheduler_name())
+        apps = sched.list()
+        for app in apps:
+            app.app_handle = make_app_handle(sched.backend, sched.session_name, app.app_id)
+        return apps
+
+    def log_lines(
+        self,
+        app_handle: AppHandle,
+        role_name: str,
+        k: int = 0,
+        regex: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        should_tail: bool = False,
+        streams: Stream | None = None,
+    ) -> Iterable[str]:
+        """Log lines of replica ``k`` of ``role_name`` (see ``Scheduler.log_iter``).
+
+        Raises:
+            ValueError: if the app, role or replica does not exist.
+        """
+        sched, app_id = self._handle_scheduler(app_handle)
+        desc = sched.describe(app_id)
+        if desc is None:
+            raise ValueError(f"app handle: no app {app_handle} on {sched.backend}")
+        roles = {rs.role: rs for rs in desc.roles_statuses}
+        if roles and role_name not in roles:
+            raise ValueError(
+                f"role: app {app_handle} has no role {role_name!r}; roles: {list(roles)}"
+            )
+        if roles and all(r.id != k for r in roles[role_name].replicas):
+            raise ValueError(f"replica: role {role_name!r} of {app_handle} has no replica {k}")
+        return sched.log_iter(app_id, role_name, k, regex, since, until, should_tail, streams)
+
+    def replicas(self, app_handle: AppHandle) -> builtins.list[tuple[str, int]]:
+        """``(role, replica_id)`` of every replica of the app (empty if unknown)."""
+        status = self.status(app_handle)
+        if status is None:
+            return []
+        return [(rs.role, r.id) for rs in status.roles for r in rs.replicas]
+
+    def stream_logs(
+        self,
+        app_handle: AppHandle,
+        should_tail: bool = True,
+        regex: str | None = None,
+        streams: Stream | None = None,
+    ) -> Iterator[LogLine]:
+        """Log lines of every replica, interleaved as they arrive; each replica's lines in order.
+
+        With ``should_tail`` it follows the app until it is terminal. A replica whose log cannot
+        be read is logged as a warning and skipped; the others go on.
+        """
+        replicas = self.replicas(app_handle)
+        if not replicas:
+            return
+        q: queue.Queue[LogLine | None] = queue.Queue(maxsize=10000)
+
+        def follow(role: str, k: int) -> None:
+            try:
+                for line in self.log_lines(
+                    app_handle, role, k, regex=regex, should_tail=should_tail, streams=streams
+                ):
+                    q.put(LogLine(role, k, line))
+            except Exception as e:  # one unreadable replica must not stop the others
+                log.warning("cannot read logs of %s %s/%d: %s", app_handle, role, k, e)
+            finally:
+                q.put(None)
+
+        threads = [
+            threading.Thread(target=follow, args=rk, daemon=True, name=f"logs-{rk[0]}-{rk[1]}")
+            for rk in replicas
+        ]
+        for t in threads:
+            t.start()
+        remaining = len(threads)
+        while remaining:
+            item = q.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield item
+
+    def last_lines(
+        self, app_handle: AppHandle, status: AppStatus | None = None, n: int = 20
+    ) -> dict[str, builtins.list[str]]:
+        """The last ``n`` log lines of every replica that did not succeed, by ``role/replica``."""
+        status = status or self.status(app_handle)
+        out: dict[str, builtins.list[str]] = {}
+        if status is None:
+            return out
+        for rs in status.roles:
+            for r in rs.replicas:
+                if r.state == AppState.SUCCEEDED:
+                    continue
+                try:
+                    tail = deque(self.log_lines(app_handle, rs.role, r.id), maxlen=n)
+                except Exception as e:
+                    log.debug("no logs for %s %s/%d: %s", app_handle, rs.role, r.id, e)
+                    continue
+                out[f"{rs.role}/{r.id}"] = list(tail)
+        return out
+
+    def check_succeeded(self, app_handle: AppHandle, status: AppStatus | None) -> AppStatus:
+        """Returns ``status`` if the app SUCCEEDED, else raises :class:`AppFailedError`."""
+        if status is not None and status.state == AppState.SUCCEEDED:
+            return status
+        raise AppFailedError(app_handle, status, self.last_lines(app_handle, status))
+
+    # -- acting ------------------------------------------------------------------------------
+
+    def cancel(self, app_handle: AppHandle) -> None:
+        """Cancels the app (idempotent; does not wait for it to be CANCELLED)."""
+        sched, app_id = self._handle_scheduler(app_handle)
+        sched.cancel(app_id)
+        log.info("cancelled %s", app_handle)
+
+    stop = cancel
+
+    def run_opts(self) -> dict[str, runopts]:
+        """The run options of every scheduler, by name (schedulers that fail to load are left out)."""
+        out: dict[str, runopts] = {}
+        for backend in self._factories:
+            try:
+                out[backend] = self.scheduler_run_opts(backend)
+            except Exception as e:
+                log.debug("scheduler %s unavailable: %s", backend, e)
+        return out
+
+    def scheduler_run_opts(self, scheduler: str) -> runopts:
+        """The run options of one scheduler."""
+        return self._scheduler(scheduler).run_opts()
+
+
+def _to_status(desc: Any) -> AppStatus | None:
+    if desc is None:
+        return None
+    return AppStatus(
+        state=desc.state,
+        num_restarts=max(desc.num_restarts, 0),
+        msg="" if desc.msg == "<NONE>" else desc.msg,
+        structured_error_msg=desc.structured_error_msg,
+        ui_url=desc.ui_url,
+        roles=list(desc.roles_statuses),
+    )
+
+
+def get_runner(
+    name: str | None = None,
+    scheduler_factories: Mapping[str, SchedulerFactory] | None = None,
+    **scheduler_params: Any,
+) -> Runner:
+    """A :class:`Runner` for session ``name`` (default ``$SHIPYARD_SESSION`` or ``shipyard``)."""
+    name = name or os.environ.get("SHIPYARD_SESSION") or DEFAULT_SESSION
+    return Runner(name, scheduler_factories, scheduler_params)

@@ -1,0 +1,288 @@
+"""The scheduler interface every backend implements, and helpers shared by the backends."""
+
+from __future__ import annotations
+
+import abc
+import copy
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+from core.specs import (
+    NONE,
+    AppDef,
+    AppDryRunInfo,
+    AppState,
+    CfgVal,
+    Role,
+    RoleStatus,
+    runopts,
+    validate_app,
+)
+
+__all__ = [
+    "DescribeAppResponse",
+    "IDEMPOTENCY_KEY",
+    "ListAppResponse",
+    "Scheduler",
+    "Stream",
+    "filter_regex",
+    "split_lines",
+    "split_lines_iterator",
+]
+
+#: ``AppDef.metadata`` key under which a caller's idempotency key travels to the scheduler.
+#: Schedulers store it with the app (state file, container label, Slurm comment) so that
+#: :meth:`Scheduler.find_by_idempotency_key` can find the app again from another process.
+IDEMPOTENCY_KEY = "shipyard.idempotency_key"
+
+
+class Stream(StrEnum):
+    """Which output of a replica to read."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    COMBINED = "combined"
+
+
+@dataclass
+class DescribeAppResponse:
+    """What a scheduler knows about an app: its state, restarts, messages and replica statuses.
+
+    Fields are accessed directly; a scheduler that returns free text fills ``msg``, one that
+    returns structured JSON fills ``structured_error_msg``.
+    """
+
+    app_id: str = "<NOT_SET>"
+    state: AppState = AppState.UNSUBMITTED
+    num_restarts: int = -1
+    msg: str = NONE
+    structured_error_msg: str = NONE
+    ui_url: str | None = None
+    roles_statuses: list[RoleStatus] = field(default_factory=list)
+    roles: list[Role] = field(default_factory=list)
+
+
+@dataclass
+class ListAppResponse:
+    """One app of :meth:`Scheduler.list`: its id and state (``app_handle`` filled by the runner)."""
+
+    app_id: str
+    state: AppState
+    app_handle: str = "<NOT_SET>"
+
+
+T = TypeVar("T")
+
+
+class Scheduler(abc.ABC, Generic[T]):
+    """An interface over one backend. Implementors need only the abstract methods.
+
+    Args:
+        backend: the scheduler's registered name (``local_cwd``, ``local_docker``, ``slurm`` ...)
+        session_name: the session the apps are submitted under (part of their handles)
+    """
+
+    def __init__(self, backend: str, session_name: str) -> None:
+        self.backend = backend
+        self.session_name = session_name
+
+    def close(self) -> None:
+        """Frees what the scheduler holds. Never raises; safe to call more than once.
+
+        Only schedulers with local state need to override it.
+        """
+
+    def __enter__(self) -> Scheduler[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(
+        self, app: AppDef, cfg: Mapping[str, CfgVal] | None, workspace: str | None = None
+    ) -> str:
+        """Submits ``app`` and returns its app id.
+
+        Mostly used for tests: users should prefer :class:`core.runner.Runner`.
+        """
+        resolved = self.run_opts().resolve(cfg)
+        if workspace:
+            app = self._apply_workspace(app, workspace, resolved)
+        dryrun_info = self.submit_dryrun(app, resolved)
+        return self.schedule(dryrun_info)
+
+    def _apply_workspace(self, app: AppDef, workspace: str, cfg: Mapping[str, CfgVal]) -> AppDef:
+        """Returns a copy of ``app`` whose first role (and every role sharing its image) runs
+        with ``workspace`` applied."""
+        from core.workspace import WorkspaceMixin
+
+        if not isinstance(self, WorkspaceMixin):
+            raise ValueError(f"workspace: scheduler {self.backend} does not support workspaces")
+        validate_app(app)
+        app = copy.deepcopy(app)
+        first = app.roles[0]
+        old_image = first.image
+        self.build_workspace_and_update_role(first, workspace, cfg)
+        for role in app.roles[1:]:
+            if role.image == old_image:
+                role.image = first.image
+        return app
+
+    @abc.abstractmethod
+    def schedule(self, dryrun_info: AppDryRunInfo[T]) -> str:
+        """Same as :meth:`submit` but takes the request from :meth:`submit_dryrun`."""
+
+    def submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal] | None) -> AppDryRunInfo[T]:
+        """Returns the request that would be submitted, without submitting it.
+
+        The app and cfg are validated first; errors name the bad field.
+        """
+        resolved = self.run_opts().resolve(cfg)
+        validate_app(app)
+        self._validate(app, self.backend, resolved)
+        dryrun_info = self._submit_dryrun(app, resolved)
+        for role in app.roles:
+            dryrun_info = role.pre_proc(self.backend, dryrun_info)
+        dryrun_info._app = app
+        dryrun_info._cfg = resolved
+        dryrun_info._scheduler = self.backend
+        return dryrun_info
+
+    @abc.abstractmethod
+    def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[T]: ...
+
+    def run_opts(self) -> runopts:
+        """The run options this scheduler takes: a ``--help`` for its cfg."""
+        return self._run_opts()
+
+    def _run_opts(self) -> runopts:
+        return runopts()
+
+    @abc.abstractmethod
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        """Describes the app; ``None`` if it does not exist."""
+
+    def describe_many(self, app_ids: Iterable[str]) -> dict[str, DescribeAppResponse | None]:
+        """Describes several apps; backends that can answer for all in one call override it."""
+        return {app_id: self.describe(app_id) for app_id in app_ids}
+
+    @abc.abstractmethod
+    def list(self) -> list[ListAppResponse]:
+        """The apps launched on this scheduler, with their states."""
+
+    def exists(self, app_id: str) -> bool:
+        """True if the app exists (was submitted)."""
+        return self.describe(app_id) is not None
+
+    def find_by_idempotency_key(self, key: str) -> str | None:
+        """The id of the newest app submitted with ``key`` (see :data:`IDEMPOTENCY_KEY`), or None.
+
+        Backends that can find apps by key override this; the default finds none.
+        """
+        return None
+
+    def log_iter(
+        self,
+        app_id: str,
+        role_name: str,
+        k: int = 0,
+        regex: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        should_tail: bool = False,
+        streams: Stream | None = None,
+    ) -> Iterable[str]:
+        """An iterator over the log lines of replica ``k`` of ``role_name``.
+
+        Lines keep their whitespace and end in ``\\n`` (``\\r`` is preserved). ``regex`` keeps
+        only matching lines; ``since``/``until`` bound the time window where the backend knows
+        line times; ``should_tail`` follows the output until the app is terminal; ``streams``
+        picks stdout, stderr or combined, ``ValueError`` if the backend cannot.
+
+        Raises:
+            NotImplementedError: if the scheduler does not support log iteration.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support log iteration")
+
+    def cancel(self, app_id: str) -> None:
+        """Cancels the app. Idempotent: cancelling a finished or cancelled app does nothing.
+
+        Does not wait for the app to reach CANCELLED; use the runner's ``wait`` for that.
+        """
+        if self.exists(app_id):
+            self._cancel_existing(app_id)
+
+    @abc.abstractmethod
+    def _cancel_existing(self, app_id: str) -> None: ...
+
+    def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
+        """Scheduler-specific validation, run before the request is built."""
+
+
+def split_lines(text: str) -> list[str]:
+    """Splits ``text`` into lines, each keeping its ``\\n`` (a trailing partial line is kept)."""
+    return text.splitlines(keepends=True) if "\r" not in text else _split_on_newline(text)
+
+
+def _split_on_newline(text: str) -> list[str]:
+    # str.splitlines also splits on \r and other separators; only \n ends a log line.
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def split_lines_iterator(chunks: Iterable[str]) -> Iterator[str]:
+    """Re-chunks a stream of text pieces into whole lines (each ending in ``\\n``)."""
+    buf = ""
+    for chunk in chunks:
+        buf += chunk
+        if "\n" not in buf:
+            continue
+        head, _, buf = buf.rpartition("\n")
+        yield from _split_on_newline(head + "\n")
+    if buf:
+        yield buf
+
+
+def filter_regex(regex: str | None, lines: Iterable[str]) -> Iterator[str]:
+    """Yields the lines that match ``regex`` (``re.search``); all lines when ``regex`` is None."""
+    if not regex:
+        yield from lines
+        return
+    pattern = re.compile(regex)
+    for line in lines:
+        if pattern.search(line):
+            yield line
+
+
+def check_stream(streams: Stream | str | None, supported: Iterable[Stream]) -> Stream:
+    """Normalises ``streams`` (default: combined) and raises ``ValueError`` if unsupported."""
+    supported = list(supported)
+    if streams is None:
+        return Stream.COMBINED if Stream.COMBINED in supported else supported[0]
+    try:
+        stream = Stream(streams)
+    except ValueError:
+        raise ValueError(
+            f"streams: expected one of {[s.value for s in Stream]}, got {streams!r}"
+        ) from None
+    if stream not in supported:
+        raise ValueError(
+            f"streams: {stream.value} is not supported by this scheduler;"
+            f" expected one of {[s.value for s in supported]}"
+        )
+    return stream
+
+
+def role_replica_exists(roles: Any, role_name: str, k: int) -> bool:
+    """Helper for log_iter: whether ``roles`` (RoleStatus list) has replica ``k`` of ``role_name``."""
+    for rs in roles:
+        if rs.role == role_name:
+            return any(r.id == k for r in rs.replicas)
+    return False

@@ -1,0 +1,884 @@
+"""The app model: what a job is, how it is configured and how its state is reported.
+
+An :class:`AppDef` is one or more :class:`Role` s; each role runs ``num_replicas`` copies of the
+same entrypoint. Schedulers turn an ``AppDef`` plus a validated config (see :class:`runopts`)
+into a request (:class:`AppDryRunInfo`) and then into a running app addressed by an app handle
+``{scheduler}://{session}/{app_id}``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import string
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from enum import IntEnum, StrEnum
+from typing import Any, Generic, TypeVar
+
+__all__ = [
+    "AppDef",
+    "AppDryRunInfo",
+    "AppHandle",
+    "AppState",
+    "AppStatus",
+    "BindMount",
+    "CfgVal",
+    "DeviceMount",
+    "MISSING",
+    "MalformedAppHandleException",
+    "NULL_RESOURCE",
+    "ParsedAppHandle",
+    "ReplicaState",
+    "ReplicaStatus",
+    "Resource",
+    "RetryPolicy",
+    "Role",
+    "RoleStatus",
+    "VolumeMount",
+    "cfg_from_str",
+    "get_named_resources",
+    "is_terminal",
+    "macros",
+    "make_app_handle",
+    "named_resources",
+    "parse_app_handle",
+    "parse_mounts",
+    "resource",
+    "runopt",
+    "runopts",
+    "validate_app",
+    "validate_name",
+]
+
+MISSING = "<MISSING>"
+NONE = "<NONE>"
+
+# Names end up in file names, container names, hostnames and Slurm job names: keep them safe for all.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# --------------------------------------------------------------------------------------------
+# resources
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Resource:
+    """Resources a replica asks for.
+
+    Args:
+        cpu: number of logical cpu cores
+        gpu: number of gpus
+        memMB: memory in MiB
+        capabilities: scheduler-specific extra capabilities
+        devices: named devices and how many of each (e.g. ``{"vpc.amazonaws.com/efa": 1}``)
+    """
+
+    cpu: int
+    gpu: int
+    memMB: int  # noqa: N815 - name fixed by the specification
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    devices: dict[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def copy(original: Resource, **capabilities: Any) -> Resource:
+        """Returns a copy of ``original`` with ``capabilities`` merged into its capabilities."""
+        res_capabilities = dict(original.capabilities)
+        res_capabilities.update(capabilities)
+        return Resource(
+            cpu=original.cpu,
+            gpu=original.gpu,
+            memMB=original.memMB,
+            capabilities=res_capabilities,
+            devices=dict(original.devices),
+        )
+
+
+#: a resource that asks for nothing in particular (the scheduler's defaults apply)
+NULL_RESOURCE: Resource = Resource(cpu=-1, gpu=-1, memMB=-1)
+
+_NAMED: dict[str, Callable[[], Resource]] = {
+    "null": lambda: Resource(cpu=-1, gpu=-1, memMB=-1),
+    "tiny": lambda: Resource(cpu=1, gpu=0, memMB=256),
+    "small": lambda: Resource(cpu=1, gpu=0, memMB=1024),
+    "medium": lambda: Resource(cpu=2, gpu=0, memMB=4096),
+    "large": lambda: Resource(cpu=4, gpu=0, memMB=16384),
+    "gpu.small": lambda: Resource(cpu=4, gpu=1, memMB=16384),
+    "gpu.large": lambda: Resource(cpu=16, gpu=4, memMB=65536),
+}
+
+
+def get_named_resources(name: str) -> Resource:
+    """Returns a fresh copy of the named resource preset (see :data:`named_resources`)."""
+    try:
+        return _NAMED[name.lower()]()
+    except KeyError:
+        raise ValueError(
+            f"resource: unknown named resource {name!r}; expected one of {sorted(_NAMED)}"
+        ) from None
+
+
+class _NamedResources(Mapping[str, Resource]):
+    def __getitem__(self, key: str) -> Resource:
+        return get_named_resources(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMED)
+
+    def __len__(self) -> int:
+        return len(_NAMED)
+
+
+#: named resource presets: ``named_resources["small"]``
+named_resources: Mapping[str, Resource] = _NamedResources()
+
+
+def resource(
+    cpu: int | None = None, gpu: int | None = None, memMB: int | None = None, h: str | None = None
+) -> Resource:  # noqa: N803
+    """Builds a :class:`Resource` from explicit values or from a named preset ``h``.
+
+    ``h`` takes precedence when given; otherwise unspecified fields default to cpu=1, gpu=0,
+    memMB=1024.
+    """
+    if h:
+        return get_named_resources(h)
+    return Resource(
+        cpu=1 if cpu is None else cpu,
+        gpu=0 if gpu is None else gpu,
+        memMB=1024 if memMB is None else memMB,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# macros
+# --------------------------------------------------------------------------------------------
+
+
+class macros:  # noqa: N801 - name fixed by the specification
+    """Placeholders substituted into a role's args and env at launch time.
+
+    ``${img_root}`` the root of the role's image on the host; ``${base_img_root}`` the same for
+    its base image; ``${app_id}`` the app id the scheduler assigned; ``${replica_id}`` the
+    replica's index in its role; ``${rank0_env}`` the name of the environment variable holding
+    the host of replica 0 of the first role (for rendezvous).
+    """
+
+    img_root = "${img_root}"
+    base_img_root = "${base_img_root}"
+    app_id = "${app_id}"
+    replica_id = "${replica_id}"
+    rank0_env = "${rank0_env}"
+
+    @dataclass
+    class Values:
+        """Values for the macros of one replica."""
+
+        img_root: str
+        app_id: str
+        replica_id: str
+        rank0_env: str
+        base_img_root: str = NONE
+
+        def apply(self, role: Role) -> Role:
+            """Returns a deep copy of ``role`` with the macros substituted in args and env."""
+            role = copy.deepcopy(role)
+            role.args = [self.substitute(a) for a in role.args]
+            role.env = {k: self.substitute(v) for k, v in role.env.items()}
+            return role
+
+        def substitute(self, arg: str) -> str:
+            """Substitutes the macros in one string; unknown ``${...}`` are left as they are."""
+            return string.Template(arg).safe_substitute(**asdict(self))
+
+
+# --------------------------------------------------------------------------------------------
+# mounts
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BindMount:
+    """A host directory mounted into the replica: ``type=bind,src=HOST,dst=PATH[,readonly]``."""
+
+    src_path: str
+    dst_path: str
+    read_only: bool = False
+
+
+@dataclass
+class VolumeMount:
+    """A named volume mounted into the replica: ``type=volume,src=NAME,dst=PATH[,readonly]``."""
+
+    src: str
+    dst_path: str
+    read_only: bool = False
+
+
+@dataclass
+class DeviceMount:
+    """A host device exposed to the replica: ``type=device,src=DEV[,dst=PATH][,perm=rwm]``."""
+
+    src_path: str
+    dst_path: str
+    permissions: str = "rwm"
+
+
+Mount = BindMount | VolumeMount | DeviceMount
+
+
+def _mount_tokens(opts: Iterable[str]) -> list[list[str]]:
+    """Splits the mount options into one token list per ``type=`` group."""
+    groups: list[list[str]] = []
+    for opt in opts:
+        for token in str(opt).split(","):
+            token = token.strip()
+            if not token:
+                continue
+            if token.startswith("type="):
+                groups.append([token])
+            elif not groups:
+                raise ValueError(
+                    f"mounts: each mount must start with type=bind|volume|device, got {token!r}"
+                )
+            else:
+                groups[-1].append(token)
+    return groups
+
+
+def parse_mounts(opts: Iterable[str] | str) -> list[Mount]:
+    """Parses mount specifications in the Docker ``--mount`` style.
+
+    Accepts a single string (``"type=bind,src=/a,dst=/b,readonly"``), several such strings, or the
+    comma-split tokens of them. Keys: ``type`` (bind, volume, device), ``src``/``source``,
+    ``dst``/``destination``/``target``, ``readonly``/``ro`` and, for devices, ``perm``/``permissions``.
+
+    Raises:
+        ValueError: naming the mount and the key that is missing or not understood.
+    """
+    if isinstance(opts, str):
+        opts = [opts]
+    mounts: list[Mount] = []
+    for i, group in enumerate(_mount_tokens(opts)):
+        where = f"mounts[{i}]"
+        kv: dict[str, str] = {}
+        for token in group:
+            key, sep, val = token.partition("=")
+            key = key.strip().lower()
+            if key in ("readonly", "ro"):
+                if sep and val.lower() not in ("true", "1", "yes", "false", "0", "no"):
+                    raise ValueError(f"{where}.readonly: expected true/false, got {val!r}")
+                kv["readonly"] = "false" if sep and val.lower() in ("false", "0", "no") else "true"
+                continue
+            if not sep:
+                raise ValueError(f"{where}: expected key=value, got {token!r}")
+            key = {
+                "source": "src",
+                "destination": "dst",
+                "target": "dst",
+                "perm": "permissions",
+            }.get(key, key)
+            if key not in ("type", "src", "dst", "permissions"):
+                raise ValueError(
+                    f"{where}: unknown key {key!r}; expected type, src, dst, readonly, permissions"
+                )
+            kv[key] = val
+        kind = kv["type"]
+        read_only = kv.get("readonly") == "true"
+        if kind not in ("bind", "volume", "device"):
+            raise ValueError(f"{where}.type: expected bind, volume or device, got {kind!r}")
+        src = kv.get("src")
+        if not src:
+            raise ValueError(f"{where}.src: required for type={kind}")
+        if kind == "device":
+            perm = kv.get("permissions", "rwm")
+            if not perm or set(perm) - set("rwm"):
+                raise ValueError(f"{where}.permissions: expected letters of 'rwm', got {perm!r}")
+            mounts.append(
+                DeviceMount(src_path=src, dst_path=kv.get("dst") or src, permissions=perm)
+            )
+            continue
+        dst = kv.get("dst")
+        if not dst:
+            raise ValueError(f"{where}.dst: required for type={kind}")
+        if kind == "bind":
+            mounts.append(BindMount(src_path=src, dst_path=dst, read_only=read_only))
+        else:
+            mounts.append(VolumeMount(src=src, dst_path=dst, read_only=read_only))
+    return mounts
+
+
+# --------------------------------------------------------------------------------------------
+# roles and apps
+# --------------------------------------------------------------------------------------------
+
+
+class RetryPolicy(StrEnum):
+    """What is restarted when a replica fails (and ``max_retries`` allows another try).
+
+    REPLICA: only the failed replica. ROLE: every replica of its role. APPLICATION: the whole app.
+    Schedulers support the subset their backend offers (Docker: REPLICA; Slurm: APPLICATION).
+    """
+
+    REPLICA = "REPLICA"
+    APPLICATION = "APPLICATION"
+    ROLE = "ROLE"
+
+
+@dataclass
+class Role:
+    """A set of identical replicas of one program.
+
+    Args:
+        name: the role's name (letters, digits, ``_.-``; used in hostnames and file names)
+        image: what the replica runs in: a directory (local_dir), a Docker image (local_docker);
+            ignored by local_cwd and slurm
+        entrypoint: the command to run
+        args: its arguments (macros are substituted)
+        env: environment variables (macros are substituted)
+        num_replicas: how many replicas to start
+        min_replicas: fewest replicas to run with, where the scheduler supports elasticity
+        max_retries: how many times a failed replica/app is restarted
+        retry_policy: what is restarted (see :class:`RetryPolicy`)
+        resource: what each replica asks for
+        port_map: named ports the replica listens on
+        metadata: free-form, scheduler-specific data
+        mounts: bind, volume and device mounts (see :func:`parse_mounts`)
+    """
+
+    name: str
+    image: str = ""
+    base_image: str | None = None
+    entrypoint: str = MISSING
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    num_replicas: int = 1
+    min_replicas: int | None = None
+    max_retries: int = 0
+    retry_policy: RetryPolicy = RetryPolicy.APPLICATION
+    resource: Resource = field(default_factory=lambda: copy.deepcopy(NULL_RESOURCE))
+    port_map: dict[str, int] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+
+    def pre_proc(self, scheduler: str, dryrun_info: AppDryRunInfo[Any]) -> AppDryRunInfo[Any]:
+        """Hook for a role to adjust the scheduler request; returns it unchanged by default."""
+        return dryrun_info
+
+
+@dataclass
+class AppDef:
+    """An application: a name and one or more roles.
+
+    Args:
+        name: the app's name (letters, digits, ``_.-``)
+        roles: the roles that make up the app
+        metadata: free-form data carried with the app (schedulers may store it, e.g. as labels)
+    """
+
+    name: str
+    roles: list[Role] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def validate_name(value: Any, where: str) -> str:
+    """Checks a name used for an app or role; raises ``ValueError`` naming ``where``."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(
+            f"{where}: expected 1-63 characters of letters, digits, '_', '.', '-' starting with"
+            f" a letter or digit, got {value!r}"
+        )
+    return value
+
+
+def _check_int(value: Any, where: str, minimum: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{where}: expected {what}, got {value!r}")
+
+
+def validate_app(app: AppDef) -> None:
+    """Validates an app before anything is started.
+
+    Raises:
+        ValueError: with the path of the first bad field, e.g.
+            ``roles[1].num_replicas: expected a positive integer, got -2``.
+    """
+    if not isinstance(app, AppDef):
+        raise ValueError(f"app: expected an AppDef, got {type(app).__name__}")
+    validate_name(app.name, "name")
+    if not isinstance(app.roles, list) or not app.roles:
+        raise ValueError("roles: expected at least one role, got none")
+    seen: set[str] = set()
+    for i, role in enumerate(app.roles):
+        where = f"roles[{i}]"
+        if not isinstance(role, Role):
+            raise ValueError(f"{where}: expected a Role, got {type(role).__name__}")
+        validate_name(role.name, f"{where}.name")
+        if role.name in seen:
+            raise ValueError(f"{where}.name: duplicate role name {role.name!r}")
+        seen.add(role.name)
+        if not isinstance(role.image, str):
+            raise ValueError(f"{where}.image: expected a string, got {role.image!r}")
+        if (
+            not isinstance(role.entrypoint, str)
+            or not role.entrypoint
+            or role.entrypoint == MISSING
+        ):
+            raise ValueError(
+                f"{where}.entrypoint: expected a non-empty command, got {role.entrypoint!r}"
+            )
+        if "\x00" in role.entrypoint:
+            raise ValueError(f"{where}.entrypoint: must not contain NUL characters")
+        if not isinstance(role.args, list):
+            raise ValueError(f"{where}.args: expected a list of strings, got {role.args!r}")
+        for j, arg in enumerate(role.args):
+            if not isinstance(arg, str):
+                raise ValueError(f"{where}.args[{j}]: expected a string, got {arg!r}")
+            if "\x00" in arg:
+                raise ValueError(f"{where}.args[{j}]: must not contain NUL characters")
+        if not isinstance(role.env, dict):
+            raise ValueError(f"{where}.env: expected a mapping of strings, got {role.env!r}")
+        for key, val in role.env.items():
+            if not isinstance(key, str) or not _ENV_KEY_RE.match(key):
+                raise ValueError(
+                    f"{where}.env: expected variable names of letters, digits and '_', got {key!r}"
+                )
+            if not isinstance(val, str):
+                raise ValueError(f"{where}.env.{key}: expected a string, got {val!r}")
+            if "\x00" in val:
+                raise ValueError(f"{where}.env.{key}: must not contain NUL characters")
+        _check_int(role.num_replicas, f"{where}.num_replicas", 1, "a positive integer")
+        if role.min_replicas is not None:
+            _check_int(role.min_replicas, f"{where}.min_replicas", 1, "a positive integer")
+            if role.min_replicas > role.num_replicas:
+                raise ValueError(
+                    f"{where}.min_replicas: expected at most num_replicas ({role.num_replicas}),"
+                    f" got {role.min_replicas}"
+                )
+        _check_int(role.max_retries, f"{where}.max_retries", 0, "a non-negative integer")
+        if not isinstance(role.retry_policy, RetryPolicy):
+            raise ValueError(
+                f"{where}.retry_policy: expected one of {[p.value for p in RetryPolicy]},"
+                f" got {role.retry_policy!r}"
+            )
+        res = role.resource
+        if not isinstance(res, Resource):
+            raise ValueError(f"{where}.resource: expected a Resource, got {res!r}")
+        for attr in ("cpu", "gpu", "memMB"):
+            val = getattr(res, attr)
+            if isinstance(val, bool) or not isinstance(val, int) or val < -1:
+                raise ValueError(
+                    f"{where}.resource.{attr}: expected a non-negative integer (or -1), got {val!r}"
+                )
+        for name, port in role.port_map.items():
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                raise ValueError(f"{where}.port_map.{name}: expected a port 1-65535, got {port!r}")
+        for j, mount in enumerate(role.mounts):
+            if not isinstance(mount, BindMount | VolumeMount | DeviceMount):
+                raise ValueError(f"{where}.mounts[{j}]: expected a mount, got {mount!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# states
+# --------------------------------------------------------------------------------------------
+
+
+class AppState(IntEnum):
+    """State of an app (and of each replica, see :data:`ReplicaState`)."""
+
+    UNSUBMITTED = 0
+    SUBMITTED = 1
+    PENDING = 2
+    RUNNING = 3
+    SUCCEEDED = 4
+    FAILED = 5
+    CANCELLED = 6
+    UNKNOWN = 7
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_TERMINAL_STATES = frozenset({AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED})
+
+ReplicaState = AppState
+
+
+def is_terminal(state: AppState) -> bool:
+    """True for SUCCEEDED, FAILED and CANCELLED: the app will not change state again."""
+    return state in _TERMINAL_STATES
+
+
+@dataclass
+class ReplicaStatus:
+    """Status of one replica of a role.
+
+    ``exit_code`` is the replica's exit code once it ended (negative ``-N`` for signal N), else
+    ``None``.
+    """
+
+    id: int
+    state: AppState
+    role: str
+    hostname: str
+    structured_error_msg: str = NONE
+    exit_code: int | None = None
+
+
+@dataclass
+class RoleStatus:
+    """Status of every replica of one role."""
+
+    role: str
+    replicas: list[ReplicaStatus] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form of this status."""
+        return {
+            "role": self.role,
+            "replicas": [{**asdict(r), "state": r.state.name} for r in self.replicas],
+        }
+
+
+@dataclass
+class AppStatus:
+    """Runner-level status of an app: its state plus what the scheduler said about it."""
+
+    state: AppState
+    num_restarts: int = 0
+    msg: str = ""
+    structured_error_msg: str = NONE
+    ui_url: str | None = None
+    roles: list[RoleStatus] = field(default_factory=list)
+
+    def is_terminal(self) -> bool:
+        """True if the app reached a final state."""
+        return is_terminal(self.state)
+
+    def exit_codes(self) -> dict[str, list[int | None]]:
+        """Exit codes by role, one per replica (``None`` for a replica still running)."""
+        return {rs.role: [r.exit_code for r in rs.replicas] for rs in self.roles}
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form of this status."""
+        return {
+            "state": self.state.name,
+            "num_restarts": self.num_restarts,
+            "msg": self.msg,
+            "structured_error_msg": self.structured_error_msg,
+            "ui_url": self.ui_url,
+            "roles": [r.to_json() for r in self.roles],
+        }
+
+    def format(self) -> str:
+        """A human-readable, multi-line summary."""
+        lines = [f"State: {self.state.name}", f"Num Restarts: {self.num_restarts}"]
+        if self.msg:
+            lines.append(f"Msg: {self.msg}")
+        if self.ui_url:
+            lines.append(f"UI URL: {self.ui_url}")
+        for rs in self.roles:
+            lines.append(f"Role {rs.role}:")
+            for r in rs.replicas:
+                code = "" if r.exit_code is None else f" exit_code={r.exit_code}"
+                host = f" on {r.hostname}" if r.hostname else ""
+                lines.append(f"  {rs.role}/{r.id} {r.state.name}{code}{host}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+# --------------------------------------------------------------------------------------------
+# run options
+# --------------------------------------------------------------------------------------------
+
+CfgVal = str | int | float | bool | list[str] | dict[str, str] | None
+T = TypeVar("T")
+
+_TYPE_NAMES: dict[Any, str] = {
+    str: "str",
+    int: "int",
+    float: "float",
+    bool: "bool",
+    list[str]: "typing.List[str]",
+    dict[str, str]: "typing.Dict[str, str]",
+}
+
+
+@dataclass
+class runopt:  # noqa: N801 - name fixed by the specification
+    """One run option: its type, default, whether it is required, and its help text."""
+
+    default: CfgVal
+    opt_type: Any
+    is_required: bool
+    help: str
+
+    @property
+    def type_name(self) -> str:
+        return _TYPE_NAMES.get(
+            self.opt_type, getattr(self.opt_type, "__name__", str(self.opt_type))
+        )
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    low = value.strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"cfg.{name}: expected a bool (true/false), got {value!r}")
+
+
+def _parse_dict(name: str, value: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in re.split(r"[,;]", value):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, val = item.partition(":")
+        if not sep:
+            key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(
+                f"cfg.{name}: expected KEY:VALUE pairs separated by ',' or ';', got {item!r}"
+            )
+        out[key.strip()] = val
+    return out
+
+
+class runopts:  # noqa: N801 - name fixed by the specification
+    """The typed run options of a scheduler: ``--help`` for its cfg.
+
+    >>> opts = runopts()
+    >>> opts.add("log_dir", type_=str, help="where logs go", default=None)
+    >>> opts.resolve({"log_dir": "/tmp/x"})["log_dir"]
+    '/tmp/x'
+    """
+
+    def __init__(self) -> None:
+        self._opts: dict[str, runopt] = {}
+
+    def add(
+        self,
+        cfg_key: str,
+        type_: Any,
+        help: str,
+        default: CfgVal = None,
+        required: bool = False,
+    ) -> None:
+        """Adds an option. A required option must not have a default."""
+        if required and default is not None:
+            raise ValueError(f"runopts.add({cfg_key!r}): a required option cannot have a default")
+        if default is not None and not self._is_type(default, type_):
+            raise TypeError(f"runopts.add({cfg_key!r}): default {default!r} is not of type {type_}")
+        self._opts[cfg_key] = runopt(default, type_, required, help)
+
+    def update(self, other: runopts) -> None:
+        """Adds every option of ``other``."""
+        self._opts.update(other._opts)
+
+    def get(self, name: str) -> runopt | None:
+        """The option called ``name``, or None."""
+        return self._opts.get(name)
+
+    def __iter__(self) -> Iterator[tuple[str, runopt]]:
+        return iter(self._opts.items())
+
+    def __len__(self) -> int:
+        return len(self._opts)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._opts
+
+    @staticmethod
+    def _is_type(value: Any, type_: Any) -> bool:
+        if type_ is bool:
+            return isinstance(value, bool)
+        if type_ is int:
+            return isinstance(value, int) and not isinstance(value, bool)
+        if type_ is float:
+            return isinstance(value, int | float) and not isinstance(value, bool)
+        if type_ == list[str]:
+            return isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if type_ == dict[str, str]:
+            return isinstance(value, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            )
+        return isinstance(value, type_)
+
+    def _coerce(self, name: str, opt: runopt, value: Any) -> CfgVal:
+        if value is None or self._is_type(value, opt.opt_type):
+            if opt.opt_type is float and isinstance(value, int):
+                return float(value)
+            return value  # type: ignore[no-any-return]
+        if isinstance(value, str):
+            return self._from_str(name, opt, value)
+        raise ValueError(
+            f"cfg.{name}: expected {opt.type_name}, got {type(value).__name__} {value!r}"
+        )
+
+    def _from_str(self, name: str, opt: runopt, value: str) -> CfgVal:
+        t = opt.opt_type
+        if t is str:
+            return value
+        if t is bool:
+            return _parse_bool(name, value)
+        if t is int or t is float:
+            try:
+                return t(value.strip())  # type: ignore[no-any-return]
+            except ValueError:
+                raise ValueError(f"cfg.{name}: expected {opt.type_name}, got {value!r}") from None
+        if t == list[str]:
+            return [v for v in re.split(r"[,;]", value) if v]
+        if t == dict[str, str]:
+            return _parse_dict(name, value)
+        raise ValueError(f"cfg.{name}: cannot parse {value!r} as {opt.type_name}")
+
+    def resolve(self, cfg: Mapping[str, CfgVal] | None) -> dict[str, CfgVal]:
+        """Checks ``cfg`` against the options and fills in defaults.
+
+        Strings are converted to the option's type (as given on a command line).
+
+        Raises:
+            ValueError: for an unknown key (listing the valid ones), a value of the wrong type, or
+                a missing required option.
+        """
+        cfg = dict(cfg or {})
+        unknown = sorted(k for k in cfg if k not in self._opts)
+        if unknown:
+            raise ValueError(
+                f"cfg: unknown option(s) {', '.join(unknown)}; valid options are:"
+                f" {', '.join(self._opts) or '(none)'}"
+            )
+        resolved: dict[str, CfgVal] = {}
+        for name, opt in self._opts.items():
+            value = self._coerce(name, opt, cfg.get(name))
+            if value is None:
+                if opt.is_required:
+                    raise ValueError(
+                        f"cfg.{name}: required option is missing ({opt.type_name}: {opt.help})"
+                    )
+                value = copy.deepcopy(opt.default)
+            resolved[name] = value
+        return resolved
+
+    def cfg_from_str(self, cfg_str: str) -> dict[str, CfgVal]:
+        """Parses ``"k1=v1,k2=v2"`` into a typed cfg.
+
+        A comma-separated part without ``=`` continues the previous value, so list and dict
+        options can be given as ``copy_env=A*,B*`` or ``env=A:1,B:2``.
+        """
+        parsed: dict[str, str] = {}
+        key: str | None = None
+        for part in cfg_str.split(","):
+            if "=" in part and (key is None or part.partition("=")[0].strip() in self._opts):
+                k, _, v = part.partition("=")
+                key = k.strip()
+                parsed[key] = v
+            elif key is not None:
+                parsed[key] += "," + part
+            elif part.strip():
+                raise ValueError(f"cfg: expected key=value, got {part!r}")
+        return {k: v for k, v in self.resolve(parsed).items() if k in parsed}
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def __str__(self) -> str:
+        required = [(k, o) for k, o in self._opts.items() if o.is_required]
+        optional = [(k, o) for k, o in self._opts.items() if not o.is_required]
+        out: list[str] = []
+        for title, opts in (("required arguments", required), ("optional arguments", optional)):
+            if not opts:
+                continue
+            out.append(f"    {title}:")
+            for key, opt in opts:
+                if opt.is_required:
+                    out.append(f"        {key}={key.upper()} ({opt.type_name})")
+                else:
+                    out.append(f"        {key}={key.upper()} ({opt.type_name}, {opt.default})")
+                out.append(f"            {opt.help}")
+            out.append("")
+        return "\n".join(out)
+
+
+def cfg_from_str(opts: runopts, cfg_str: str) -> dict[str, CfgVal]:
+    """Function form of :meth:`runopts.cfg_from_str`."""
+    return opts.cfg_from_str(cfg_str)
+
+
+# --------------------------------------------------------------------------------------------
+# dry runs
+# --------------------------------------------------------------------------------------------
+
+
+class AppDryRunInfo(Generic[T]):
+    """The request a scheduler would submit, plus a function that prints it.
+
+    ``str(info)`` gives the printable form (for example the sbatch script).
+    """
+
+    def __init__(self, request: T, fmt: Callable[[T], str]) -> None:
+        self.request = request
+        self._fmt = fmt
+        self._app: AppDef | None = None
+        self._cfg: Mapping[str, CfgVal] | None = None
+        self._scheduler: str | None = None
+        self._images_to_push: dict[str, tuple[str, str]] = {}
+
+    def __repr__(self) -> str:
+        return self._fmt(self.request)
+
+    def __str__(self) -> str:
+        return self._fmt(self.request)
+
+
+# --------------------------------------------------------------------------------------------
+# app handles
+# --------------------------------------------------------------------------------------------
+
+AppHandle = str
+
+
+class MalformedAppHandleException(ValueError):
+    """Raised for an app handle that is not ``{scheduler}://{session}/{app_id}``."""
+
+    def __init__(self, app_handle: str) -> None:
+        super().__init__(
+            f"app handle: expected {{scheduler}}://{{session}}/{{app_id}}, got {app_handle!r}"
+        )
+
+
+@dataclass(frozen=True)
+class ParsedAppHandle:
+    """The parts of an app handle."""
+
+    scheduler_backend: str
+    session_name: str
+    app_id: str
+
+
+_HANDLE_RE = re.compile(r"^(?P<backend>[A-Za-z0-9_.-]+)://(?P<session>[^/]*)/(?P<app_id>[^/\s]+)$")
+
+
+def make_app_handle(scheduler_backend: str, session_name: str, app_id: str) -> AppHandle:
+    """Builds ``{scheduler}://{session}/{app_id}``."""
+    return f"{scheduler_backend}://{session_name}/{app_id}"
+
+
+def parse_app_handle(app_handle: AppHandle) -> ParsedAppHandle:
+    """Splits an app handle into its parts.
+
+    Raises:
+        MalformedAppHandleException: (a ``ValueError``) when the handle is not well formed.
+    """
+    if not isinstance(app_handle, str):
+        raise MalformedAppHandleException(repr(app_handle))
+    m = _HANDLE_RE.match(app_handle.strip())
+    if not m:
+        raise MalformedAppHandleException(app_handle)
+    return ParsedAppHandle(m.group("backend"), m.group("session"), m.group("app_id"))

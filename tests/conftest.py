@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from tests.services import docker_problem, require, slurm_problem
+
+# Local apps of the test run keep their state in a directory of their own.
+_STATE = tempfile.mkdtemp(prefix="shipyard-test-state-")
+os.environ.setdefault("SHIPYARD_STATE_DIR", _STATE)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[object]:
+    """A Docker SDK client to the real engine (fails in CI, skips elsewhere, when missing)."""
+    require("docker", docker_problem())
+    import docker
+
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> None:
+    """Requires the real Slurm cluster (fails in CI, skips elsewhere, when missing)."""
+    require("slurm", slurm_problem())
