@@ -1,0 +1,19 @@
+.PHONY: demo test setup services lint bench
+
+demo:          ## run the demo on the embedded local scheduler, Airflow's SQLite and Prefect's temporary server
+	bash scripts/demo.sh
+
+test:          ## set everything up (venv, Docker, Slurm) and run lint, types and the whole test suite
+	bash scripts/test.sh
+
+setup:
+	bash scripts/setup.sh
+
+services:
+	bash scripts/start_services.sh
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy core airflow_provider prefect_tasks
+
+bench:         ## benchmarks beside their physical limits (needs the services)
+	.venv/bin/python -m bench

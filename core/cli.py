@@ -1,0 +1,361 @@
+"""The ``shipyard`` command line.
+
+::
+
+    shipyard run app.yaml --scheduler local_cwd --wait --log
+    shipyard run --replicas 2 -- echo hello          # an inline, single-role app
+    shipyard status local_cwd://shipyard/hello-1a2b3c
+    shipyard log local_cwd://shipyard/hello-1a2b3c/echo/0 --tail
+    shipyard cancel local_cwd://shipyard/hello-1a2b3c
+    shipyard list -s local_cwd
+    shipyard runopts local_docker
+
+Exit codes: 0 success, 1 the app did not succeed (or is unknown), 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from core.specs import AppDef, AppState, Role, parse_app_handle
+
+log = logging.getLogger("core.cli")
+
+EXIT_OK = 0
+EXIT_APP_FAILED = 1
+EXIT_USAGE = 2
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit code 2
+        raise _UsageError(f"{self.prog}: {message}")
+
+
+def _parse_time(value: str, field: str) -> datetime:
+    """ISO 8601 (``2026-01-02T03:04:05``) or a duration ago (``30s``, ``5m``, ``2h``, ``1d``)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", value.strip())
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+        return datetime.now(UTC) - timedelta(**{unit: float(m.group(1))})
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"{field}: expected an ISO 8601 time or a duration like 30s/5m/2h/1d, got {value!r}"
+        ) from None
+    return dt if dt.tzinfo else dt.astimezone()
+
+
+def _parse_env(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env: expected KEY=VALUE, got {item!r}")
+        env[key] = val
+    return env
+
+
+def _inline_app(args: argparse.Namespace) -> AppDef:
+    cmd = list(args.command)
+    if not cmd:
+        raise ValueError("run: give an app file or a command after --")
+    role = Role(
+        name=args.role_name or _default_name(cmd[0]),
+        image=args.image or "",
+        entrypoint=cmd[0],
+        args=cmd[1:],
+        env=_parse_env(args.env or []),
+        num_replicas=args.replicas,
+    )
+    return AppDef(name=args.name or role.name, roles=[role])
+
+
+def _default_name(entrypoint: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.-]", "-", entrypoint.rsplit("/", 1)[-1]).strip("-.")
+    return base[:40] or "app"
+
+
+def _load_app(args: argparse.Namespace) -> AppDef:
+    from core.appfile import load_app
+
+    if args.appfile:
+        if args.command:
+            raise ValueError("run: give either an app file or a command after --, not both")
+        app = load_app(args.appfile)
+        if args.name:
+            app.name = args.name
+        return app
+    return _inline_app(args)
+
+
+def _print_status(handle: str, status: Any) -> None:
+    print(f"{handle}\n{status.format()}")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from core.runner import get_runner
+
+    app = _load_app(args)
+    with get_runner() as runner:
+        scheduler = args.scheduler or runner.scheduler_backends()[0]
+        if scheduler not in runner.scheduler_backends():
+            raise ValueError(
+                f"--scheduler: unknown scheduler {scheduler!r}; expected one of"
+                f" {', '.join(runner.scheduler_backends())}"
+            )
+        cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg) if args.cfg else {}
+        if args.dryrun:
+            info = runner.dryrun(app, scheduler, cfg, args.workspace)
+            print(f"=== scheduler request ({scheduler}) ===\n{info}")
+            return EXIT_OK
+        handle = runner.run(app, scheduler, cfg, args.workspace)
+        print(handle, flush=True)
+        if not (args.wait or args.log):
+            return EXIT_OK
+        try:
+            if args.log:
+                for line in runner.stream_logs(handle, should_tail=True):
+                    print(str(line), flush=True)
+            status = runner.wait(handle, wait_interval=0.2)
+        except KeyboardInterrupt:
+            runner.cancel(handle)
+            print(f"interrupted: cancelled {handle}", file=sys.stderr)
+            return 130
+        if status is None:
+            print(f"{handle}: unknown to the scheduler", file=sys.stderr)
+            return EXIT_APP_FAILED
+        _print_status(handle, status)
+        return EXIT_OK if status.state == AppState.SUCCEEDED else EXIT_APP_FAILED
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from core.runner import get_runner
+
+    parse_app_handle(args.handle)
+    with get_runner() as runner:
+        status = runner.status(args.handle)
+    if status is None:
+        print(f"{args.handle}: no such app", file=sys.stderr)
+        return EXIT_APP_FAILED
+    if args.json:
+        print(json.dumps({"app_handle": args.handle, **status.to_json()}, indent=2))
+    else:
+        _print_status(args.handle, status)
+    return EXIT_OK
+
+
+def _split_log_target(target: str) -> tuple[str, str | None, int | None]:
+    m = re.fullmatch(
+        r"(?P<handle>[^:/]+://[^/]*/[^/]+)(?:/(?P<role>[^/]+)(?:/(?P<k>[^/]+))?)?/?", target
+    )
+    if not m:
+        parse_app_handle(target)  # raises the standard malformed-handle error
+        raise ValueError(f"log: expected HANDLE[/role[/replica]], got {target!r}")
+    k = m.group("k")
+    if k is not None and not k.isdigit():
+        raise ValueError(f"log: replica: expected a non-negative integer, got {k!r}")
+    return m.group("handle"), m.group("role"), None if k is None else int(k)
+
+
+def _cmd_log(args: argparse.Namespace) -> int:
+    from core.runner import get_runner
+    from core.schedulers.api import Stream
+
+    handle, role, k = _split_log_target(args.target)
+    since = _parse_time(args.since, "--since") if args.since else None
+    until = _parse_time(args.until, "--until") if args.until else None
+    streams = Stream(args.streams) if args.streams else None
+    with get_runner() as runner:
+        replicas = runner.replicas(handle)
+        if not replicas:
+            print(f"{handle}: no such app", file=sys.stderr)
+            return EXIT_APP_FAILED
+        selected = [
+            (r, i) for r, i in replicas if (role is None or r == role) and (k is None or i == k)
+        ]
+        if not selected:
+            raise ValueError(f"log: {handle} has no replica {role}/{'*' if k is None else k}")
+        prefix = len(selected) > 1
+        for r, i in selected:
+            lines = runner.log_lines(
+                handle, r, i, regex=args.regex, since=since, until=until,
+                should_tail=args.tail and len(selected) == 1, streams=streams,
+            )  # fmt: skip
+            for line in lines:
+                sys.stdout.write(f"{r}/{i} {line}" if prefix else line)
+                if not line.endswith("\n"):
+                    sys.stdout.write("\n")
+            sys.stdout.flush()
+        if args.tail and len(selected) > 1:
+            # several replicas: follow them together
+            for entry in runner.stream_logs(
+                handle, should_tail=True, regex=args.regex, streams=streams
+            ):
+                if (role is None or entry.role == role) and (k is None or entry.replica == k):
+                    print(str(entry), flush=True)
+    return EXIT_OK
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from core.runner import get_runner
+
+    parse_app_handle(args.handle)
+    with get_runner() as runner:
+        if runner.status(args.handle) is None:
+            print(f"{args.handle}: no such app", file=sys.stderr)
+            return EXIT_APP_FAILED
+        runner.cancel(args.handle)
+        if args.wait:
+            status = runner.wait(args.handle, wait_interval=0.2, timeout=args.timeout)
+            if status is not None:
+                print(f"{args.handle} {status.state.name}")
+                return EXIT_OK
+    print(f"cancelled {args.handle}")
+    return EXIT_OK
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from core.runner import get_runner
+
+    with get_runner() as runner:
+        apps = runner.list(args.scheduler)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {"app_handle": a.app_handle, "app_id": a.app_id, "state": a.state.name}
+                    for a in apps
+                ]
+            )
+        )
+        return EXIT_OK
+    for a in apps:
+        print(f"{a.app_handle}\t{a.state.name}")
+    return EXIT_OK
+
+
+def _cmd_runopts(args: argparse.Namespace) -> int:
+    from core.runner import get_runner
+
+    with get_runner() as runner:
+        if args.scheduler:
+            if args.scheduler not in runner.scheduler_backends():
+                raise ValueError(
+                    f"scheduler: unknown scheduler {args.scheduler!r}; expected one of"
+                    f" {', '.join(runner.scheduler_backends())}"
+                )
+            opts = {args.scheduler: runner.scheduler_run_opts(args.scheduler)}
+        else:
+            opts = runner.run_opts()
+    for name, o in opts.items():
+        print(f"{name}:\n{o}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``shipyard`` argument parser."""
+    p = _Parser(prog="shipyard", description="Launch and follow multi-role jobs.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what shipyard does")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="submit an app (from a YAML file or an inline command)")
+    run.add_argument("-s", "--scheduler", help="scheduler to run on (default: local_cwd)")
+    run.add_argument("--cfg", help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`)")
+    run.add_argument("--workspace", help="directory to apply as the workspace")
+    run.add_argument("--dryrun", action="store_true", help="print the request, submit nothing")
+    run.add_argument("--wait", action="store_true", help="wait for the app to finish")
+    run.add_argument(
+        "--log", action="store_true", help="stream the logs of every replica (implies --wait)"
+    )
+    run.add_argument("--name", help="app name (default: from the file or the command)")
+    run.add_argument("--role-name", help="inline app: role name")
+    run.add_argument("--image", help="inline app: image")
+    run.add_argument("--replicas", type=int, default=1, help="inline app: number of replicas")
+    run.add_argument("--env", action="append", help="inline app: KEY=VALUE (repeatable)")
+    run.add_argument("appfile", nargs="?", help="APP.yaml (or give an inline command after --)")
+    run.set_defaults(func=_cmd_run)
+
+    st = sub.add_parser("status", help="show an app's state and replicas")
+    st.add_argument("handle")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_cmd_status)
+
+    lg = sub.add_parser("log", help="print an app's logs: HANDLE[/role[/replica]]")
+    lg.add_argument("target")
+    lg.add_argument("--regex", help="only lines matching this regular expression")
+    lg.add_argument("--since", help="ISO time or duration ago (30s, 5m, 2h)")
+    lg.add_argument("--until", help="ISO time or duration ago")
+    lg.add_argument("-t", "--tail", action="store_true", help="follow until the app ends")
+    lg.add_argument("--streams", choices=["stdout", "stderr", "combined"])
+    lg.set_defaults(func=_cmd_log)
+
+    cc = sub.add_parser("cancel", help="cancel an app")
+    cc.add_argument("handle")
+    cc.add_argument("--wait", action="store_true", help="wait until it is terminal")
+    cc.add_argument("--timeout", type=float, default=60.0)
+    cc.set_defaults(func=_cmd_cancel)
+
+    ls = sub.add_parser("list", help="list apps on a scheduler")
+    ls.add_argument("-s", "--scheduler", help="default: local_cwd")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_cmd_list)
+
+    ro = sub.add_parser("runopts", help="show the options of one or every scheduler")
+    ro.add_argument("scheduler", nargs="?")
+    ro.set_defaults(func=_cmd_runopts)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``shipyard`` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # everything after the first `--` is the inline command of `run`
+    command: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1 :]
+    try:
+        args = build_parser().parse_args(argv)
+        if command and args.cmd != "run":
+            raise _UsageError(f"shipyard {args.cmd}: unexpected arguments after --")
+        args.command = command
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+        return int(args.func(args))
+    except _UsageError as e:
+        print(str(e).splitlines()[0], file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, TimeoutError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"shipyard: error: {first}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(e, ValueError) else EXIT_APP_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as e:  # anything else: still one line, no traceback unless -v
+        if "-v" in argv or "--verbose" in argv:
+            raise
+        print(
+            f"shipyard: error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            file=sys.stderr,
+        )
+        return EXIT_APP_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

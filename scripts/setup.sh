@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Creates .venv with shipyard and every extra installed. Idempotent; as root on Debian 12 it also
+# installs the Debian packages the project needs (python3-venv when missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    else
+        echo "setup: python3 with venv and ensurepip is required" >&2
+        exit 1
+    fi
+fi
+
+stamp=.venv/.shipyard-installed
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+# reinstall only when the dependency list changed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[all]'
+    touch "$stamp"
+fi
+echo "setup: .venv ready ($(.venv/bin/python --version))"

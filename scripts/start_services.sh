@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Starts the real services the tests use: a Docker engine (+ loopback registry and test images)
+# and a three-node Slurm cluster with accounting. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")"
+bash ./start_docker.sh
+bash ./start_slurm.sh
