@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# Starts a real Slurm 22.05 cluster on this host: three nodes (node1..node3, one `slurmd -N` each),
+# slurmctld, and accounting through slurmdbd on MariaDB, all authenticated by munge.
+#
+# Made for Debian 12 as root without systemd (CI containers, developer VMs). Idempotent: a daemon
+# that already answers is left alone, so running it twice is safe; it returns once `sinfo` shows
+# every node idle (or allocated/mixed, if jobs are already running).
+#
+#   scripts/start_slurm.sh            # start (or check) the cluster
+#   SHIPYARD_SLURM_WAIT=120 scripts/start_slurm.sh   # wait longer for the nodes
+set -euo pipefail
+
+CLUSTER=shipyard
+NODES=(node1 node2 node3)
+DB_NAME=slurm_acct_db
+DB_USER=slurm
+DB_PASS=shipyard-slurm
+WAIT=${SHIPYARD_SLURM_WAIT:-90}
+HOST=$(hostname)
+
+log() { echo "[start_slurm] $*" >&2; }
+die() {
+    log "ERROR: $*"
+    exit 1
+}
+
+[ "$(id -u)" = 0 ] || die "must run as root"
+
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND until it succeeds or the deadline passes.
+wait_for() {
+    local secs=$1 what=$2 deadline
+    shift 2
+    deadline=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            return 1
+        fi
+        sleep 0.2
+    done
+    log "$what: ok"
+}
+
+pid_alive() { # pid_alive PIDFILE: the pid file names a live process
+    [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+# ---------------------------------------------------------------------------------------------
+# packages
+# ---------------------------------------------------------------------------------------------
+need_install=0
+for bin in slurmctld slurmd slurmdbd sacctmgr sbatch munged mysqld_safe mariadb; do
+    command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_install=1
+done
+if [ "$need_install" = 1 ]; then
+    log "installing slurm-wlm munge mariadb-server slurmdbd"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # policy-rc.d 101: the packages must not try to start services (no init system here).
+    had_policy=0
+    [ -e /usr/sbin/policy-rc.d ] && had_policy=1
+    if [ "$had_policy" = 0 ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+    fi
+    apt-get install -y -qq slurm-wlm munge mariadb-server slurmdbd >/dev/null
+    [ "$had_policy" = 0 ] && rm -f /usr/sbin/policy-rc.d
+fi
+export PATH="$PATH:/usr/sbin:/sbin"
+
+# ---------------------------------------------------------------------------------------------
+# munge
+# ---------------------------------------------------------------------------------------------
+munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
+if ! munge_ok; then
+    if [ ! -s /etc/munge/munge.key ]; then
+        log "creating /etc/munge/munge.key"
+        if command -v mungekey >/dev/null 2>&1; then
+            mungekey --create --force
+        else
+            dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+        fi
+    fi
+    mkdir -p /run/munge /var/log/munge /var/lib/munge
+    chown munge:munge /etc/munge /etc/munge/munge.key /run/munge /var/log/munge /var/lib/munge
+    chmod 0700 /etc/munge /var/log/munge
+    chmod 0400 /etc/munge/munge.key
+    chmod 0755 /run/munge
+    log "starting munged"
+    # A stale socket or pid file of a dead munged makes it refuse to start.
+    rm -f /run/munge/munge.socket.2 /run/munge/munged.pid
+    su -s /bin/sh munge -c "/usr/sbin/munged" </dev/null >/dev/null 2>&1
+    wait_for 20 "munge" munge_ok || die "munged did not start (see /var/log/munge/munged.log)"
+else
+    log "munge: already running"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# MariaDB
+# ---------------------------------------------------------------------------------------------
+db_ok() { mysqladmin --protocol=socket -uroot ping >/dev/null 2>&1; }
+if ! db_ok; then
+    mkdir -p /run/mysqld
+    chown mysql:mysql /run/mysqld
+    if [ ! -d /var/lib/mysql/mysql ]; then
+        log "initialising the MariaDB data directory"
+        mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+    fi
+    log "starting mariadb (mysqld_safe)"
+    setsid nohup mysqld_safe --user=mysql </dev/null >/var/log/mysqld_safe.log 2>&1 &
+    wait_for 60 "mariadb" db_ok || die "mariadb did not start (see /var/log/mysqld_safe.log)"
+else
+    log "mariadb: already running"
+fi
+mysql -uroot <<SQL
+CREATE DATABASE IF NOT EXISTS ${DB_NAME};
+CREATE USER IF NOT EXISTS '${DB_USER}'@'localhost' IDENTIFIED BY '${DB_PASS}';
+ALTER USER '${DB_USER}'@'localhost' IDENTIFIED BY '${DB_PASS}';
+GRANT ALL PRIVILEGES ON ${DB_NAME}.* TO '${DB_USER}'@'localhost';
+FLUSH PRIVILEGES;
+SQL
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------------------------
+mkdir -p /etc/slurm /var/log/slurm /var/spool/slurmctld /run/slurm
+for n in "${NODES[@]}"; do mkdir -p "/var/spool/slurmd/$n"; done
+
+# write_if_changed FILE MODE: stdin to FILE when the content differs; prints "changed" if so.
+write_if_changed() {
+    local file=$1 mode=$2 tmp
+    tmp=$(mktemp)
+    cat >"$tmp"
+    if [ -f "$file" ] && cmp -s "$tmp" "$file"; then
+        rm -f "$tmp"
+        chmod "$mode" "$file"
+        return 0
+    fi
+    mv "$tmp" "$file"
+    chmod "$mode" "$file"
+    echo changed
+}
+
+dbd_changed=$(write_if_changed /etc/slurm/slurmdbd.conf 600 <<EOF
+# Written by shipyard scripts/start_slurm.sh
+AuthType=auth/munge
+DbdHost=localhost
+DbdPort=6819
+SlurmUser=root
+PidFile=/run/slurmdbd.pid
+LogFile=/var/log/slurm/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=${DB_USER}
+StoragePass=${DB_PASS}
+StorageLoc=${DB_NAME}
+EOF
+)
+
+conf_changed=$(write_if_changed /etc/slurm/slurm.conf 644 <<EOF
+# Written by shipyard scripts/start_slurm.sh: three nodes on one host (slurmd -N nodeX).
+ClusterName=${CLUSTER}
+SlurmctldHost=${HOST}(127.0.0.1)
+SlurmUser=root
+SlurmctldPort=6817
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd/%n
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd-%n.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+MailProg=/bin/true
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# Heterogeneous jobs are started only by the backfill scheduler: run it every second.
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=6819
+AccountingStoreFlags=job_comment
+JobCompType=jobcomp/none
+SlurmctldTimeout=30
+SlurmdTimeout=60
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+NodeName=node[1-3] NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=17001-17003 CPUs=2 RealMemory=4000 State=UNKNOWN
+PartitionName=debug Nodes=node[1-3] Default=YES MaxTime=INFINITE State=UP
+EOF
+)
+
+# ---------------------------------------------------------------------------------------------
+# slurmdbd + cluster registration
+# ---------------------------------------------------------------------------------------------
+dbd_ok() { pid_alive /run/slurmdbd.pid && sacctmgr -n -P show cluster format=cluster; }
+if pid_alive /run/slurmdbd.pid && [ -n "$dbd_changed" ]; then
+    log "slurmdbd.conf changed: restarting slurmdbd"
+    kill "$(cat /run/slurmdbd.pid)"
+    wait_for 30 "slurmdbd stopped" bash -c '! kill -0 $(cat /run/slurmdbd.pid) 2>/dev/null'
+fi
+if ! pid_alive /run/slurmdbd.pid; then
+    log "starting slurmdbd"
+    slurmdbd </dev/null >/dev/null 2>&1
+fi
+wait_for 60 "slurmdbd" dbd_ok || die "slurmdbd does not answer (see /var/log/slurm/slurmdbd.log)"
+if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
+    log "registering cluster $CLUSTER"
+    sacctmgr -i add cluster "$CLUSTER" >/dev/null
+fi
+
+# ---------------------------------------------------------------------------------------------
+# slurmctld + three slurmd
+# ---------------------------------------------------------------------------------------------
+ctld_ok() { scontrol ping | grep -q "is UP"; }
+if pid_alive /run/slurmctld.pid && [ -n "$conf_changed" ]; then
+    log "slurm.conf changed: restarting slurmctld and the slurmd"
+    for n in "${NODES[@]}"; do
+        pid_alive "/run/slurmd-$n.pid" && kill "$(cat "/run/slurmd-$n.pid")"
+    done
+    kill "$(cat /run/slurmctld.pid)"
+    wait_for 30 "slurmctld stopped" bash -c '! kill -0 $(cat /run/slurmctld.pid) 2>/dev/null'
+fi
+if ! pid_alive /run/slurmctld.pid; then
+    log "starting slurmctld"
+    slurmctld </dev/null >/dev/null 2>&1
+fi
+wait_for 60 "slurmctld" ctld_ok || die "slurmctld does not answer (see /var/log/slurm/slurmctld.log)"
+
+for n in "${NODES[@]}"; do
+    if ! pid_alive "/run/slurmd-$n.pid"; then
+        log "starting slurmd -N $n"
+        slurmd -N "$n" </dev/null >/dev/null 2>&1
+    fi
+done
+
+nodes_ready() {
+    local states
+    states=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
+    [ "$(echo "$states" | grep -cE ' (idle|allocated|mixed|completing)$')" -ge "${#NODES[@]}" ]
+}
+deadline=$((SECONDS + WAIT))
+resumed=0
+until nodes_ready; do
+    # Nodes left DOWN/DRAINED by an earlier, unclean stop are put back into service once.
+    if [ "$resumed" = 0 ] && sinfo -h -N -o '%T' 2>/dev/null | grep -qE '^(down|drain)'; then
+        sleep 2
+        scontrol update NodeName=node[1-3] State=RESUME >/dev/null 2>&1 || true
+        resumed=1
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+        sinfo -N >&2 || true
+        die "nodes are not idle after ${WAIT}s (see /var/log/slurm/slurmd-node*.log)"
+    fi
+    sleep 0.5
+done
+log "cluster $CLUSTER is up:"
+sinfo -N >&2
