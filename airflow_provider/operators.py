@@ -1,0 +1,444 @@
+"""ShipyardOperator: submit a Shipyard app from a DAG, follow its logs, fail with its errors.
+
+Retries re-attach instead of submitting twice. Two mechanisms work together:
+
+* Airflow's :class:`~airflow.sdk.ResumableJobMixin` stores the app handle in the task instance's
+  ``task_state_store`` right after submission; a later try of the same task instance reads it
+  back: a job still running is followed again, a job that succeeded gives its result without
+  running anything, a job that failed or was cancelled is submitted afresh (that is what a retry
+  is for).
+* Every job is tagged with the deterministic idempotency key
+  ``airflow:{dag_id}:{run_id}:{task_id}:{map_index}`` (``...:try{n}`` for a fresh submission in
+  try ``n`` after a failed job). Before submitting, the operator looks the keys of the earlier
+  tries up in the backend, so a worker that died between submitting and storing the handle (or
+  a deployment without a task state store) still re-attaches rather than starting a second job.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator, ResumableJobMixin, conf
+from airflow.sdk.exceptions import AirflowException, TaskDeferralError
+
+from airflow_provider._common import (
+    ACTIVE_STATES,
+    APP_FILE_EXTS,
+    idempotency_key,
+    make_runner,
+    to_app_def,
+)
+from airflow_provider.triggers import ShipyardJobTrigger
+from core.runner import AppFailedError, Runner
+from core.schedulers import get_default_scheduler_name
+from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
+
+if TYPE_CHECKING:
+    import jinja2
+    from airflow.sdk import Context
+
+__all__ = ["ShipyardJobFailedError", "ShipyardOperator"]
+
+# how long the task waits for the last log lines after the app ended
+_LOG_DRAIN_TIMEOUT = 30.0
+_END = object()
+
+
+class ShipyardJobFailedError(AirflowException):
+    """The job did not succeed: the message has its state, exit codes and last log lines."""
+
+    def __init__(self, error: AppFailedError) -> None:
+        super().__init__(str(error))
+        self.app_handle = error.handle
+        self.state = error.state
+        self.exit_codes = error.exit_codes
+
+
+class ShipyardOperator(ResumableJobMixin, BaseOperator):
+    """Submits a Shipyard app and (by default) waits for it, streaming its logs into the task log.
+
+    Args:
+        app: an :class:`~core.specs.AppDef`, a dict in the app-file format, or the path of a YAML
+            app file (relative to the DAG folder or ``template_searchpath``, or absolute); the
+            file is Jinja-templated like any Airflow template file, and so are the strings of a
+            dict or of an ``AppDef``'s roles (entrypoint, args, env, image)
+        scheduler: the scheduler to run on (default: the default scheduler, ``local_cwd``)
+        cfg: the scheduler's run options (templated)
+        workspace: a workspace to build into the image (templated)
+        env: environment variables added to every role (templated)
+        wait_for_completion: wait for the app to end; ``False`` only submits
+        poll_interval: seconds between status checks while waiting
+        deferrable: wait in :class:`~airflow_provider.triggers.ShipyardJobTrigger` in the
+            triggerer instead of on the worker (default: ``[operators] default_deferrable``)
+        session_name: the Shipyard session the app is submitted under
+        durable: re-attach to the job on retries (see the module docs)
+
+    Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
+    and ``state`` (the app state's name). The task fails with the job's state, exit codes and
+    last log lines when the job does not succeed. Killing the task (marked failed,
+    ``execution_timeout``, ...) cancels the job.
+    """
+
+    template_fields: Sequence[str] = (
+        "app",
+        "scheduler",
+        "cfg",
+        "workspace",
+        "env",
+        "session_name",
+    )
+    template_ext: Sequence[str] = APP_FILE_EXTS
+    template_fields_renderers = {"app": "yaml", "cfg": "json", "env": "json"}
+    ui_color = "#cfe3f7"
+    external_id_key = "shipyard_app_handle"
+
+    def __init__(
+        self,
+        *,
+        app: AppDef | Mapping[str, Any] | str,
+        scheduler: str | None = None,
+        cfg: Mapping[str, Any] | None = None,
+        workspace: str | None = None,
+        env: Mapping[str, str] | None = None,
+        wait_for_completion: bool = True,
+        poll_interval: float = 5.0,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        session_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(app, AppDef | Mapping | str | os.PathLike):
+            raise ValueError(
+                "app: expected an AppDef, a dict or the path of a YAML app file,"
+                f" got {type(app).__name__}"
+            )
+        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
+            raise ValueError(f"poll_interval: expected a positive number, got {poll_interval!r}")
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval: expected a positive number, got {poll_interval!r}")
+        self.app = os.fspath(app) if isinstance(app, os.PathLike) else app
+        self.scheduler = scheduler
+        self.cfg = dict(cfg) if cfg else {}
+        self.workspace = workspace
+        self.env = dict(env) if env else {}
+        self.wait_for_completion = wait_for_completion
+        self.poll_interval = float(poll_interval)
+        self.deferrable = deferrable
+        self.session_name = session_name
+        self._handle: AppHandle | None = None
+        self._submit_key: str | None = None
+        self._result: AppHandle | None = None
+
+    # -- templating --------------------------------------------------------------------------
+
+    def get_template_env(self, dag: Any = None) -> jinja2.Environment:
+        """The DAG's Jinja environment; also finds an app file given by absolute path."""
+        import jinja2
+
+        env = super().get_template_env(dag)
+        loader = env.loader
+        if (
+            isinstance(self.app, str)
+            and os.path.isabs(self.app)
+            and self.app.endswith(APP_FILE_EXTS)
+            and isinstance(loader, jinja2.FileSystemLoader)
+            and "/" not in loader.searchpath
+        ):
+            loader.searchpath = [*loader.searchpath, "/"]
+        return env
+
+    def render_template(
+        self,
+        content: Any,
+        context: Context,
+        jinja_env: jinja2.Environment | None = None,
+        seen_oids: set[int] | None = None,
+    ) -> Any:
+        # Only a top-level string ending in .yaml/.yml is an app file. Strings inside an app, a cfg
+        # or an env are rendered as text even when they end in .yaml (e.g. an arg "conf.yaml").
+        if isinstance(content, AppDef | Mapping | list):
+            return self._render_plain(content, context, jinja_env or self.get_template_env())
+        return super().render_template(content, context, jinja_env, seen_oids)
+
+    def _render_plain(self, value: Any, context: Context, env: jinja2.Environment) -> Any:
+        if isinstance(value, str):
+            return self._render(env.from_string(value), context) if "{" in value else value
+        if isinstance(value, AppDef):
+            roles = []
+            for role in value.roles:
+                role = copy.deepcopy(role)
+                role.entrypoint = self._render_plain(role.entrypoint, context, env)
+                role.image = self._render_plain(role.image, context, env)
+                role.args = self._render_plain(list(role.args), context, env)
+                role.env = self._render_plain(dict(role.env), context, env)
+                roles.append(role)
+            return AppDef(name=value.name, roles=roles, metadata=dict(value.metadata))
+        if isinstance(value, Mapping):
+            return {k: self._render_plain(v, context, env) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._render_plain(v, context, env) for v in value)
+        return value
+
+    # -- execution ---------------------------------------------------------------------------
+
+    @property
+    def _scheduler_name(self) -> str:
+        return self.scheduler or get_default_scheduler_name()
+
+    def _runner(self) -> Runner:
+        return make_runner(self.session_name)
+
+    def _app_def(self) -> AppDef:
+        return to_app_def(self.app, self.env)
+
+    def execute(self, context: Context) -> Any:
+        app = self._app_def()  # bad input fails here, before anything starts
+        self.log.info(
+            "app %s (%d roles) on %s",
+            app.name,
+            len(app.roles),
+            self._scheduler_name,
+        )
+        if not self.wait_for_completion:
+            handle = self.submit_job(context)
+            with self._runner() as runner:
+                status = runner.status(handle)
+            self._push(context, handle, status)
+            return handle
+        return self.execute_resumable(context)
+
+    def _base_key(self, context: Context) -> str:
+        ti = context["ti"]
+        return idempotency_key(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+
+    @staticmethod
+    def _key_for_try(base: str, try_number: int) -> str:
+        return base if try_number <= 1 else f"{base}:try{try_number}"
+
+    def submit_job(self, context: Context) -> AppHandle:
+        """Submits the app, or re-attaches to the job an earlier try of this task started."""
+        app = self._app_def()
+        base = self._base_key(context)
+        try_number = max(int(context["ti"].try_number or 1), 1)
+        with self._runner() as runner:
+            # The newest job of an earlier try (or of this one) wins: a running or succeeded one is
+            # followed, a failed one is replaced by a fresh submission under this try's key.
+            for n in range(try_number, 0, -1):
+                key = self._key_for_try(base, n)
+                found = runner.find(self._scheduler_name, key)
+                if found is None:
+                    continue
+                status = runner.status(found)
+                state = status.state.name if status else "UNKNOWN"
+                if n == try_number or state in ACTIVE_STATES or state == "SUCCEEDED":
+                    self.log.info("re-attaching to %s (%s, key %s)", found, state, key)
+                    self._handle = found
+                    return found
+                self.log.info(
+                    "the job of try %d, %s, ended %s: submitting a new one", n, found, state
+                )
+                break
+            self._submit_key = self._key_for_try(base, try_number)
+            handle = runner.run(
+                app,
+                self._scheduler_name,
+                cfg=self.cfg,
+                workspace=self.workspace,
+                idempotency_key=self._submit_key,
+            )
+        self._handle = handle
+        self.log.info("submitted %s (key %s)", handle, self._submit_key)
+        context["ti"].xcom_push(key="app_id", value=parse_app_handle(handle).app_id)
+        return handle
+
+    def get_job_status(self, external_id: Any, context: Context) -> str:
+        with self._runner() as runner:
+            status = runner.status(str(external_id))
+        return status.state.name if status else "UNKNOWN"
+
+    def is_job_active(self, status: str) -> bool:
+        return status in ACTIVE_STATES
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return status == "SUCCEEDED"
+
+    def poll_until_complete(self, external_id: Any, context: Context) -> Any:
+        """Waits for the app (here, streaming its logs, or deferred to the trigger)."""
+        handle = str(external_id)
+        self._handle = handle
+        with self._runner() as runner:
+            if self.deferrable:
+                status = runner.status(handle)
+                if status is None or not status.is_terminal():
+                    self.log.info(
+                        "%s is %s: deferring to ShipyardJobTrigger",
+                        handle,
+                        status.state.name if status else "UNKNOWN",
+                    )
+                    self.defer(
+                        trigger=ShipyardJobTrigger(
+                            app_handle=handle,
+                            poll_interval=self.poll_interval,
+                            target_states=["SUCCEEDED"],
+                            stream_logs=True,
+                        ),
+                        method_name="execute_complete",
+                        timeout=self.execution_timeout,
+                    )
+                self._log_all_lines(runner, handle)
+            else:
+                status = self._wait_streaming(runner, handle)
+            self._result = self._finish(runner, context, handle, status)
+        return self._result
+
+    def get_job_result(self, external_id: Any, context: Context) -> Any:
+        handle = str(external_id)
+        if self._result == handle:
+            return handle
+        # an earlier try's job that already succeeded: show its logs and take its result
+        self._handle = handle
+        with self._runner() as runner:
+            self._log_all_lines(runner, handle)
+            return self._finish(runner, context, handle, runner.status(handle))
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """Resumes after :class:`ShipyardJobTrigger` fired: checks the result, pushes XComs."""
+        handle = event.get("app_handle") or self._handle
+        if not handle:
+            raise AirflowException(f"trigger event without app handle: {event}")
+        self._handle = handle
+        if event.get("status") == "error":
+            raise AirflowException(event.get("message") or f"waiting for {handle} failed")
+        with self._runner() as runner:
+            if not event.get("log_lines"):
+                # the trigger could not stream (or was restarted): put the logs in the task log now
+                self._log_all_lines(runner, handle)
+            return self._finish(runner, context, handle, runner.status(handle))
+
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
+    ) -> Any:
+        from airflow.sdk.exceptions import TaskDeferralTimeout
+
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except (TaskDeferralError, TaskDeferralTimeout):
+            # the trigger timed out (execution_timeout) or failed: the job must not outlive the task
+            self._handle = self._handle or self._stored_handle(context)
+            self.on_kill()
+            raise
+
+    def _stored_handle(self, context: Context) -> AppHandle | None:
+        store = context.get("task_state_store")
+        stored = store.get(self.external_id_key) if store is not None else None
+        if stored:
+            return str(stored)
+        base = self._base_key(context)
+        try_number = max(int(context["ti"].try_number or 1), 1)
+        with self._runner() as runner:
+            for n in range(try_number, 0, -1):
+                found = runner.find(self._scheduler_name, self._key_for_try(base, n))
+                if found:
+                    return found
+        return None
+
+    def on_kill(self) -> None:
+        """Cancels the job (the task was killed, marked failed or timed out)."""
+        handle = self._handle
+        # A fresh runner: on_kill runs in a signal handler, maybe while the main thread holds a
+        # lock of the runner it was using.
+        with self._runner() as runner:
+            if handle is None and self._submit_key:
+                # killed while submitting: the job may exist without its handle being known yet
+                handle = runner.find(self._scheduler_name, self._submit_key)
+            if handle is None:
+                return
+            self.log.info("cancelling %s", handle)
+            runner.cancel(handle)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _wait_streaming(self, runner: Runner, handle: AppHandle) -> AppStatus | None:
+        """Waits for the app to end, logging its lines (``role/k line``) as they are produced.
+
+        A daemon thread follows the logs; the lines are logged from this (the task's main)
+        thread, which also polls the status, backing off from 0.05 s to ``poll_interval``.
+        """
+        lines: queue.Queue[object] = queue.Queue()
+
+        def follow() -> None:
+            follower = make_runner(self.session_name)
+            try:
+                for line in follower.stream_logs(handle, should_tail=True):
+                    lines.put(str(line))
+            except Exception as e:
+                lines.put(f"(cannot follow the logs of {handle}: {e})")
+            finally:
+                follower.close()
+                lines.put(_END)
+
+        threading.Thread(target=follow, daemon=True, name=f"logs-{handle}").start()
+        delay = min(0.05, self.poll_interval)
+        next_poll = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_poll:
+                status = runner.status(handle)
+                if status is None or status.is_terminal():
+                    break
+                next_poll = now + delay
+                delay = min(delay * 2, self.poll_interval)
+            if self._drain(lines, max(0.0, next_poll - time.monotonic())):
+                # logs ended before the app (e.g. a replica's log unreadable): just wait
+                status = runner.wait(handle, wait_interval=self.poll_interval)
+                return status
+        self._drain(lines, _LOG_DRAIN_TIMEOUT, until_end=True)
+        return status
+
+    def _drain(self, lines: queue.Queue[object], timeout: float, until_end: bool = False) -> bool:
+        """Logs queued lines for up to ``timeout`` seconds; True once the end marker came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                item = (
+                    lines.get(timeout=max(remaining, 0.0)) if remaining > 0 else lines.get_nowait()
+                )
+            except queue.Empty:
+                if until_end:
+                    self.log.warning("stopped waiting for the last log lines after %ss", timeout)
+                return False
+            if item is _END:
+                return True
+            self.log.info("%s", item)
+            if not until_end and remaining <= 0:
+                return False
+
+    def _log_all_lines(self, runner: Runner, handle: AppHandle) -> None:
+        try:
+            for line in runner.stream_logs(handle, should_tail=False):
+                self.log.info("%s", line)
+        except Exception as e:
+            self.log.warning("cannot read the logs of %s: %s", handle, e)
+
+    def _push(self, context: Context, handle: AppHandle, status: AppStatus | None) -> None:
+        ti = context["ti"]
+        ti.xcom_push(key="app_id", value=parse_app_handle(handle).app_id)
+        ti.xcom_push(key="state", value=status.state.name if status else "UNKNOWN")
+
+    def _finish(
+        self, runner: Runner, context: Context, handle: AppHandle, status: AppStatus | None
+    ) -> AppHandle:
+        self._push(context, handle, status)
+        try:
+            runner.check_succeeded(handle, status)
+        except AppFailedError as e:
+            raise ShipyardJobFailedError(e) from e
+        self.log.info("%s SUCCEEDED", handle)
+        return handle
