@@ -55,8 +55,9 @@ MISSING = "<MISSING>"
 NONE = "<NONE>"
 
 # Names end up in file names, container names, hostnames and Slurm job names: keep them safe for all.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# (used with fullmatch: `$` would also accept a trailing newline)
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,7 +386,7 @@ class AppDef:
 
 def validate_name(value: Any, where: str) -> str:
     """Checks a name used for an app or role; raises ``ValueError`` naming ``where``."""
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise ValueError(
             f"{where}: expected 1-63 characters of letters, digits, '_', '.', '-' starting with"
             f" a letter or digit, got {value!r}"
@@ -441,7 +442,7 @@ def validate_app(app: AppDef) -> None:
         if not isinstance(role.env, dict):
             raise ValueError(f"{where}.env: expected a mapping of strings, got {role.env!r}")
         for key, val in role.env.items():
-            if not isinstance(key, str) or not _ENV_KEY_RE.match(key):
+            if not isinstance(key, str) or not _ENV_KEY_RE.fullmatch(key):
                 raise ValueError(
                     f"{where}.env: expected variable names of letters, digits and '_', got {key!r}"
                 )
