@@ -749,7 +749,7 @@ class runopts:  # noqa: N801 - name fixed by the specification
                 a missing required option.
         """
         cfg = dict(cfg or {})
-        unknown = sorted(k for k in cfg if k not in self._opts)
+        unknown = sorted(str(k) for k in cfg if k not in self._opts)
         if unknown:
             raise ValueError(
                 f"cfg: unknown option(s) {', '.join(unknown)}; valid options are:"
