@@ -163,6 +163,8 @@ SlurmctldHost=${HOST}(127.0.0.1)
 SlurmUser=root
 SlurmctldPort=6817
 AuthType=auth/munge
+# A requeued job waits cred_expire+1 seconds before it may start again (default 120).
+AuthInfo=cred_expire=10
 CredType=cred/munge
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd/%n
@@ -227,6 +229,9 @@ if pid_alive /run/slurmctld.pid && [ -n "$conf_changed" ]; then
     done
     kill "$(cat /run/slurmctld.pid)"
     wait_for 30 "slurmctld stopped" bash -c '! kill -0 $(cat /run/slurmctld.pid) 2>/dev/null'
+    for n in "${NODES[@]}"; do
+        wait_for 30 "slurmd $n stopped" bash -c "! kill -0 \$(cat /run/slurmd-$n.pid) 2>/dev/null"
+    done
 fi
 if ! pid_alive /run/slurmctld.pid; then
     log "starting slurmctld"
