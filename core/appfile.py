@@ -114,14 +114,20 @@ def _resource(value: Any, where: str) -> Resource:
         except ValueError as e:
             raise AppFileError(f"{where}: {str(e).partition(': ')[2]}") from None
     m = _mapping(value, where, _RESOURCE_KEYS)
+    capabilities = m.get("capabilities") or {}
+    if not isinstance(capabilities, Mapping):
+        raise _fail(f"{where}.capabilities", "a mapping", capabilities)
+    devices = m.get("devices") or {}
+    if not isinstance(devices, Mapping):
+        raise _fail(f"{where}.devices", "a mapping of device names to counts", devices)
     return Resource(
         cpu=_int(m.get("cpu", -1), f"{where}.cpu", -1, "an integer >= -1"),
         gpu=_int(m.get("gpu", -1), f"{where}.gpu", -1, "an integer >= -1"),
         memMB=_int(m.get("memMB", -1), f"{where}.memMB", -1, "an integer >= -1"),
-        capabilities=dict(m.get("capabilities") or {}),
+        capabilities=dict(capabilities),
         devices={
             str(k): _int(v, f"{where}.devices.{k}", 0, "a non-negative integer")
-            for k, v in (m.get("devices") or {}).items()
+            for k, v in devices.items()
         },
     )
 
@@ -134,6 +140,11 @@ def _mounts(value: Any, where: str) -> list[BindMount | VolumeMount | DeviceMoun
     out: list[BindMount | VolumeMount | DeviceMount] = []
     for i, item in enumerate(value):
         if isinstance(item, Mapping):
+            # joined into one option string below: a comma in a value would start another
+            # option (or another mount), so a value cannot contain one
+            for k, v in item.items():
+                if isinstance(v, str) and "," in v:
+                    raise _fail(f"{where}[{i}].{k}", "a value without ','", v)
             item = ",".join(
                 k if v is True else f"{k}={v}" for k, v in item.items() if v is not False
             )
@@ -221,6 +232,8 @@ def app_from_yaml(text: str, source: str = "<string>") -> AppDef:
     """Parses YAML text into an :class:`AppDef` (``source`` names it in errors)."""
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise AppFileError(f"{source}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -243,6 +256,8 @@ def load_app(path_or_text: str | os.PathLike[str]) -> AppDef:
             text = f.read()
     except OSError as e:
         raise AppFileError(f"app file: cannot read {s!r}: {e.strerror}") from None
+    except ValueError as e:  # a NUL in the path, or not UTF-8
+        raise AppFileError(f"app file: cannot read {s!r}: {e}") from None
     return app_from_yaml(text, source=s)
 
 
