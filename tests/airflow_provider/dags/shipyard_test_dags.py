@@ -1,0 +1,130 @@
+"""DAGs for the provider's tests (each a scenario); they live in the test DAG bundle."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from airflow_provider.operators import ShipyardOperator
+from airflow_provider.sensors import ShipyardJobSensor
+from core.specs import AppDef, Role
+
+START = datetime(2025, 1, 1)
+SCHEDULER = os.environ.get("SHIPYARD_TEST_AIRFLOW_SCHEDULER", "local_cwd")
+
+
+def sh(name: str, script: str, replicas: int = 1) -> AppDef:
+    """A one-role app running ``sh -c script``."""
+    return AppDef(
+        name=name,
+        roles=[Role(name=name, entrypoint="sh", args=["-c", script], num_replicas=replicas)],
+    )
+
+
+def _dag(dag_id: str, **kwargs: object) -> DAG:
+    return DAG(dag_id, schedule=None, start_date=START, catchup=False, **kwargs)  # type: ignore[arg-type]
+
+
+with _dag("shipyard_test_failing") as failing_dag:
+    ShipyardOperator(
+        task_id="fail",
+        app=sh("fail", "echo 'about to fail'; echo 'bad input on stderr' >&2; exit 3"),
+        scheduler=SCHEDULER,
+        poll_interval=0.5,
+    )
+
+with _dag("shipyard_test_deferred_failing") as deferred_failing_dag:
+    ShipyardOperator(
+        task_id="fail",
+        app=sh("fail", "echo 'about to fail'; sleep 1; exit 4"),
+        scheduler=SCHEDULER,
+        deferrable=True,
+        poll_interval=0.5,
+    )
+
+with _dag("shipyard_test_log_order") as log_order_dag:
+    ShipyardOperator(
+        task_id="count",
+        app=sh(
+            "count",
+            'i=1; while [ "$i" -le 150 ]; do echo "line $i"; i=$((i + 1)); done',
+            replicas=2,
+        ),
+        scheduler=SCHEDULER,
+        poll_interval=0.5,
+    )
+
+with _dag("shipyard_test_timeout") as timeout_dag:
+    ShipyardOperator(
+        task_id="sleepy",
+        app=sh("sleepy", "echo started; sleep 600; echo never"),
+        scheduler=SCHEDULER,
+        poll_interval=0.5,
+        execution_timeout=timedelta(seconds=4),
+    )
+
+with _dag("shipyard_test_crash") as crash_dag:
+    ShipyardOperator(
+        task_id="crash",
+        app=sh("crash", "echo started; sleep 6; echo finished"),
+        scheduler=SCHEDULER,
+        poll_interval=0.5,
+        retries=2,
+        retry_delay=timedelta(seconds=0),
+    )
+
+with _dag("shipyard_test_sensor_modes") as sensor_modes_dag:
+    submit = ShipyardOperator(
+        task_id="submit",
+        app=sh("slowish", "sleep 2; echo ok"),
+        scheduler=SCHEDULER,
+        wait_for_completion=False,
+    )
+    poke = ShipyardJobSensor(
+        task_id="poke",
+        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
+        mode="poke",
+        poke_interval=0.5,
+        timeout=120,
+    )
+    reschedule = ShipyardJobSensor(
+        task_id="reschedule",
+        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
+        mode="reschedule",
+        poke_interval=1,
+        timeout=120,
+    )
+    deferred = ShipyardJobSensor(
+        task_id="deferred",
+        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
+        deferrable=True,
+        poke_interval=0.5,
+        timeout=120,
+    )
+    submit >> [poke, reschedule, deferred]
+
+with _dag("shipyard_test_sensor_failure") as sensor_failure_dag:
+    submit_bad = ShipyardOperator(
+        task_id="submit",
+        app=sh("bad", "sleep 1; exit 7"),
+        scheduler=SCHEDULER,
+        wait_for_completion=False,
+    )
+    wait_bad = ShipyardJobSensor(
+        task_id="wait",
+        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
+        poke_interval=0.5,
+        timeout=3600,
+        retries=3,
+    )
+    submit_bad >> wait_bad
+
+with _dag("shipyard_test_mapped") as mapped_dag:
+    ShipyardOperator.partial(
+        task_id="shard",
+        app=sh("shard", 'echo "shard $SHARD"'),
+        scheduler=SCHEDULER,
+        poll_interval=0.5,
+    ).expand(env=[{"SHARD": "a"}, {"SHARD": "b"}])

@@ -1,0 +1,169 @@
+"""The provider inside real Airflow task runs: ``dag.test()`` on SQLite, the real local backend."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from airflow_provider._common import idempotency_key
+from core.specs import AppState
+from tests.airflow_provider.airflow_env import REPO
+from tests.airflow_provider.helpers import wait_until
+
+pytestmark = pytest.mark.airflow
+
+
+def test_failing_job_fails_its_task_with_the_exit_code(run_dag: Any) -> None:
+    result = run_dag("shipyard_test_failing")
+    assert result.state == "failed"
+    assert result.states == {"fail": "failed"}
+    assert "ShipyardJobFailedError" in result.log
+    assert "exit codes: fail/0=3" in result.log
+    # the error carries the last lines; the task log got the lines as they were produced
+    assert "bad input on stderr" in result.log
+    assert result.lines("fail/0 about to fail")
+    assert result.xcom("fail", "state") == "FAILED"
+
+
+def test_deferred_failing_job_fails_its_task_with_the_exit_code(run_dag: Any) -> None:
+    result = run_dag("shipyard_test_deferred_failing")
+    assert result.states == {"fail": "failed"}
+    assert "[DAG TEST] running trigger in line" in result.log
+    assert "exit codes: fail/0=4" in result.log
+    assert result.lines("fail/0 about to fail")
+
+
+def test_task_log_has_the_job_lines_in_order(run_dag: Any) -> None:
+    result = run_dag("shipyard_test_log_order")
+    assert result.states == {"count": "success"}
+    for replica in (0, 1):
+        numbers = [
+            int(m.group(1))
+            for line in result.log.splitlines()
+            if (m := re.search(rf"count/{replica} line (\d+)\b", line))
+        ]
+        assert numbers == list(range(1, 151)), f"replica {replica}: {numbers[:20]}..."
+
+
+def test_execution_timeout_leaves_no_running_job(run_dag: Any, runner: Any) -> None:
+    started = time.monotonic()
+    result = run_dag("shipyard_test_timeout")
+    assert result.states == {"sleepy": "failed"}
+    assert time.monotonic() - started < 120  # not the job's 600 s
+    assert "AirflowTaskTimeout" in result.log
+    handle = runner.find(
+        "local_cwd",
+        idempotency_key("shipyard_test_timeout", result.dag_run.run_id, "sleepy", -1),
+    )
+    assert handle is not None
+    status = wait_until(
+        lambda: (s := runner.status(handle)) and s.is_terminal() and s, what="job end"
+    )
+    assert status.state == AppState.CANCELLED
+
+
+def test_mapped_tasks_each_get_their_own_job(run_dag: Any, runner: Any) -> None:
+    result = run_dag("shipyard_test_mapped")
+    assert result.states == {"shard": "success"}
+    run_id = result.dag_run.run_id
+    handles = [
+        runner.find("local_cwd", idempotency_key("shipyard_test_mapped", run_id, "shard", i))
+        for i in (0, 1)
+    ]
+    assert None not in handles and handles[0] != handles[1]
+    assert result.lines("shard/0 shard a") and result.lines("shard/0 shard b")
+
+
+def test_sensor_in_poke_reschedule_and_deferrable_modes(run_dag: Any) -> None:
+    result = run_dag("shipyard_test_sensor_modes")
+    assert result.states == {
+        "submit": "success",
+        "poke": "success",
+        "reschedule": "success",
+        "deferred": "success",
+    }
+    for task_id in ("poke", "reschedule", "deferred"):
+        assert result.xcom(task_id) == "SUCCEEDED"
+    # the job was still running when the sensors started: they really waited
+    assert result.xcom("submit", "state") in ("SUBMITTED", "PENDING", "RUNNING")
+    assert "[DAG TEST] running trigger in line" in result.log
+    assert result.task_instance("reschedule").try_number == 1
+
+
+def test_sensor_fails_fast_on_a_failure_state(run_dag: Any) -> None:
+    started = time.monotonic()
+    result = run_dag("shipyard_test_sensor_failure")
+    assert result.states == {"submit": "success", "wait": "failed"}
+    assert "is FAILED, not one of ['SUCCEEDED']" in result.log
+    # no retries (3 were allowed) and no waiting for the hour-long timeout
+    assert result.task_instance("wait").try_number == 1
+    assert time.monotonic() - started < 120
+
+
+_CRASH_SCRIPT = """
+import sys
+from datetime import datetime
+from tests.airflow_provider.fixtures import load_dag
+when = datetime.fromisoformat(sys.argv[1])
+load_dag("shipyard_test_crash").test(logical_date=when, run_after=when)
+"""
+
+
+def test_retry_after_worker_crash_reattaches_to_the_same_job(run_dag: Any, runner: Any) -> None:
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from airflow.utils.types import DagRunType
+    from sqlalchemy import select
+
+    when = datetime.now(UTC).replace(microsecond=0)
+    run_id = DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=when, run_after=when)
+    key = idempotency_key("shipyard_test_crash", run_id, "crash", -1)
+
+    # try 1 runs in a worker process of its own, which dies (SIGKILL) while the job runs
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _CRASH_SCRIPT, when.isoformat()],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        handle = wait_until(lambda: runner.find("local_cwd", key), timeout=120, what="try 1's job")
+        wait_until(
+            lambda: runner.status(handle).state == AppState.RUNNING, what="try 1's job RUNNING"
+        )
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    assert runner.status(handle).state == AppState.RUNNING  # the job outlived its worker
+
+    # what the scheduler does with a task whose worker vanished: the try is failed
+    with create_session() as session:
+        ti = session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.dag_id == "shipyard_test_crash", TaskInstance.run_id == run_id
+            )
+        ).one()
+        assert ti.try_number == 1
+        ti.state = TaskInstanceState.FAILED
+
+    # try 2 (dag.test() reruns the run's failed task) follows the same job
+    result = run_dag("shipyard_test_crash", logical_date=when, run_after=when)
+    assert result.states == {"crash": "success"}
+    assert result.task_instance("crash").try_number == 2
+    assert result.xcom("crash") == handle
+    assert result.lines("crash/0 finished")
+    # one job in the backend, not two
+    assert runner.find("local_cwd", key + ":try2") is None
+    assert [a for a in runner.list("local_cwd") if a.app_handle == handle]
+    assert runner.status(handle).state == AppState.SUCCEEDED

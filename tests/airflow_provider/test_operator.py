@@ -1,0 +1,249 @@
+"""ShipyardOperator called directly, against the real local scheduler (local_cwd)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_provider._common import idempotency_key
+from airflow_provider.operators import ShipyardJobFailedError, ShipyardOperator
+from airflow_provider.triggers import ShipyardJobTrigger
+from core.specs import AppDef, AppState, Role, parse_app_handle
+from tests.airflow_provider.helpers import StateStoreStub, TaskInstanceStub, context, wait_until
+
+pytestmark = pytest.mark.airflow
+
+
+def sh(name: str, script: str, replicas: int = 1) -> AppDef:
+    return AppDef(name, [Role(name, entrypoint="sh", args=["-c", script], num_replicas=replicas)])
+
+
+def key_of(ti: TaskInstanceStub) -> str:
+    return idempotency_key(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+
+
+@pytest.fixture
+def cancel_after(runner: Any) -> Any:
+    """Handles registered here are cancelled at teardown (nothing outlives a test)."""
+    handles: list[str] = []
+    yield handles
+    for h in handles:
+        runner.cancel(h)
+
+
+def test_constructor_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="poll_interval"):
+        ShipyardOperator(task_id="t", app=sh("a", "true"), poll_interval=0)
+    with pytest.raises(ValueError, match="app: expected"):
+        ShipyardOperator(task_id="t", app=42)  # type: ignore[arg-type]
+
+
+def test_bad_app_fails_before_anything_starts(runner: Any) -> None:
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(
+        task_id="job", app={"name": "bad", "roles": [{"name": "r", "num_replicas": -2}]}
+    )
+    with pytest.raises(ValueError, match=r"roles\[0\]"):
+        op.execute(context(ti))
+    assert runner.find("local_cwd", key_of(ti)) is None
+    assert ti.xcoms == {}
+
+
+def test_runs_and_pushes_xcoms(runner: Any) -> None:
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(
+        task_id="job", app=sh("hello", "echo hello $WHO", replicas=2), env={"WHO": "airflow"}
+    )
+    handle = op.execute(context(ti, StateStoreStub()))
+    assert parse_app_handle(handle).scheduler_backend == "local_cwd"
+    assert ti.xcoms == {"app_id": parse_app_handle(handle).app_id, "state": "SUCCEEDED"}
+    assert runner.status(handle).state == AppState.SUCCEEDED
+    # tagged with the task instance's key
+    assert runner.find("local_cwd", key_of(ti)) == handle
+
+
+def test_job_failure_raises_with_state_exit_code_and_last_lines() -> None:
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(
+        task_id="job", app=sh("boom", "echo first; echo 'last words'; exit 5"), poll_interval=0.2
+    )
+    with pytest.raises(ShipyardJobFailedError) as info:
+        op.execute(context(ti))
+    msg = str(info.value)
+    assert "FAILED" in msg and "boom/0=5" in msg and "last words" in msg
+    assert info.value.exit_codes == {"boom": [5]}
+    assert ti.xcoms["state"] == "FAILED"
+
+
+def test_wait_for_completion_false_returns_while_the_job_runs(
+    runner: Any, cancel_after: list[str]
+) -> None:
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(task_id="job", app=sh("bg", "sleep 60"), wait_for_completion=False)
+    handle = op.execute(context(ti))
+    cancel_after.append(handle)
+    assert runner.status(handle).state in (AppState.RUNNING, AppState.PENDING, AppState.SUBMITTED)
+    assert ti.xcoms["app_id"] == parse_app_handle(handle).app_id
+    assert ti.xcoms["state"] in ("RUNNING", "PENDING", "SUBMITTED")
+
+
+def test_on_kill_cancels_the_job(runner: Any) -> None:
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(task_id="job", app=sh("long", "echo up; sleep 120"), poll_interval=0.2)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            op.execute(context(ti))
+        except BaseException as e:  # noqa: BLE001 - collected for the assertion below
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    handle = wait_until(lambda: op._handle, what="submission")
+    wait_until(lambda: runner.status(handle).state == AppState.RUNNING, what="RUNNING")
+    op.on_kill()
+    t.join(60)
+    assert not t.is_alive()
+    assert runner.status(handle).state == AppState.CANCELLED
+    assert len(errors) == 1 and isinstance(errors[0], ShipyardJobFailedError)
+    assert "CANCELLED" in str(errors[0])
+
+
+def test_deferrable_frees_the_worker_and_completes_in_the_trigger(runner: Any) -> None:
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(
+        task_id="job",
+        app=sh("deferred", 'for i in 1 2 3; do echo "step $i"; sleep 0.3; done', replicas=2),
+        deferrable=True,
+        poll_interval=0.2,
+    )
+    with pytest.raises(TaskDeferred) as info:
+        op.execute(context(ti, StateStoreStub()))
+    trigger = info.value.trigger
+    assert isinstance(trigger, ShipyardJobTrigger)
+    assert info.value.method_name == "execute_complete"
+    # execute returned (the worker slot is free) while the job still runs
+    handle = trigger.app_handle
+    assert runner.status(handle).state in (AppState.RUNNING, AppState.PENDING, AppState.SUBMITTED)
+
+    async def first_event() -> Any:
+        return await anext(trigger.run())
+
+    event = asyncio.run(first_event())
+    assert event.payload["status"] == "success"
+    assert event.payload["state"] == "SUCCEEDED"
+    assert event.payload["log_lines"] == 6  # the trigger logged every line of both replicas
+    resumed = ShipyardOperator(
+        task_id="job", app=sh("deferred", "true"), deferrable=True, poll_interval=0.2
+    )
+    assert resumed.execute_complete(context(ti), event.payload) == handle
+    assert ti.xcoms["state"] == "SUCCEEDED"
+
+
+def test_retry_reattaches_when_the_worker_died_after_submitting(runner: Any) -> None:
+    """Try 1 submitted and died before storing the handle; try 2 follows the same job."""
+    ti1 = TaskInstanceStub()
+    first = ShipyardOperator(task_id="job", app=sh("once", "sleep 2; echo done"), poll_interval=0.2)
+    handle = first.submit_job(context(ti1))  # ... and the worker is gone
+
+    ti2 = ti1.retry()
+    second = ShipyardOperator(
+        task_id="job", app=sh("once", "sleep 2; echo done"), poll_interval=0.2
+    )
+    assert second.execute(context(ti2, StateStoreStub())) == handle
+    assert ti2.xcoms["state"] == "SUCCEEDED"
+    assert runner.find("local_cwd", key_of(ti1) + ":try2") is None  # nothing new was submitted
+
+
+def test_retry_reattaches_through_the_task_state_store(runner: Any) -> None:
+    """ResumableJobMixin: the handle stored by try 1 is followed by try 2."""
+    store = StateStoreStub()
+    ti1 = TaskInstanceStub()
+    handle = ShipyardOperator(task_id="job", app=sh("stored", "sleep 1")).submit_job(context(ti1))
+    store[ShipyardOperator.external_id_key] = handle
+
+    ti2 = ti1.retry()
+    op = ShipyardOperator(task_id="job", app=sh("stored", "sleep 1"), poll_interval=0.2)
+    assert op.execute(context(ti2, store)) == handle
+    assert store[ShipyardOperator.external_id_key] == handle
+
+
+def test_retry_takes_the_result_of_a_job_that_already_succeeded(runner: Any) -> None:
+    ti1 = TaskInstanceStub()
+    store = StateStoreStub()
+    handle = ShipyardOperator(task_id="job", app=sh("fast", "echo fast")).execute(
+        context(ti1, store)
+    )
+    ti2 = ti1.retry()
+    op = ShipyardOperator(task_id="job", app=sh("fast", "echo fast"))
+    assert op.execute(context(ti2, store)) == handle
+    assert ti2.xcoms["state"] == "SUCCEEDED"
+    assert runner.find("local_cwd", key_of(ti1) + ":try2") is None
+
+
+def test_retry_after_a_failed_job_submits_a_new_one(runner: Any) -> None:
+    ti1 = TaskInstanceStub()
+    store = StateStoreStub()
+    op1 = ShipyardOperator(task_id="job", app=sh("flaky", "exit 1"), poll_interval=0.2)
+    with pytest.raises(ShipyardJobFailedError):
+        op1.execute(context(ti1, store))
+    failed = store[ShipyardOperator.external_id_key]
+
+    ti2 = ti1.retry()
+    op2 = ShipyardOperator(task_id="job", app=sh("flaky", "exit 0"), poll_interval=0.2)
+    handle = op2.execute(context(ti2, store))
+    assert handle != failed
+    assert runner.find("local_cwd", key_of(ti1) + ":try2") == handle
+    assert store[ShipyardOperator.external_id_key] == handle
+
+
+def test_app_file_is_jinja_templated_even_by_absolute_path(tmp_path: Path) -> None:
+    app_file = tmp_path / "app.yaml"
+    app_file.write_text(
+        "name: templated\n"
+        "roles:\n"
+        "  - name: r\n"
+        "    entrypoint: echo\n"
+        "    args: ['{{ params.word }}', 'conf.yaml']\n"
+    )
+    with DAG("templating", schedule=None, params={"word": "rendered"}):
+        op = ShipyardOperator(
+            task_id="job",
+            app=str(app_file),
+            cfg={"log_dir": "/tmp/{{ run_id }}"},
+            env={"RUN": "{{ run_id }}"},
+        )
+    op.render_template_fields({"params": {"word": "rendered"}, "run_id": "r1"})  # type: ignore[arg-type]
+    app = op._app_def()
+    assert app.roles[0].args == ["rendered", "conf.yaml"]
+    assert app.roles[0].env == {"RUN": "r1"}
+    assert op.cfg == {"log_dir": "/tmp/r1"}
+
+
+def test_appdef_and_dict_strings_are_templated_but_not_loaded_as_files() -> None:
+    with DAG("templating2", schedule=None):
+        from_appdef = ShipyardOperator(
+            task_id="a",
+            app=AppDef("x", [Role("r", entrypoint="echo", args=["{{ run_id }}", "conf.yaml"])]),
+        )
+        from_dict = ShipyardOperator(
+            task_id="b",
+            app={
+                "name": "y",
+                "roles": [{"name": "r", "entrypoint": "echo", "args": ["{{ run_id }}", "c.yml"]}],
+            },
+        )
+    original = from_appdef.app
+    for op in (from_appdef, from_dict):
+        op.render_template_fields({"run_id": "r2"})  # type: ignore[arg-type]
+        assert op._app_def().roles[0].args[0] == "r2"
+        assert op._app_def().roles[0].args[1] in ("conf.yaml", "c.yml")
+    # the DAG's AppDef is not modified by rendering (the next run renders it afresh)
+    assert isinstance(original, AppDef) and original.roles[0].args[0] == "{{ run_id }}"

@@ -1,0 +1,120 @@
+"""ShipyardJobTrigger in an event loop of its own, against the real local scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from airflow_provider.triggers import ShipyardJobTrigger, _StatusPoller
+from core.specs import AppDef, AppState, Role
+from tests.airflow_provider.helpers import wait_until
+
+pytestmark = pytest.mark.airflow
+
+
+def sh(name: str, script: str) -> AppDef:
+    return AppDef(name, [Role(name, entrypoint="sh", args=["-c", script])])
+
+
+async def first_event(trigger: ShipyardJobTrigger) -> dict[str, Any]:
+    event = await anext(trigger.run())
+    return dict(event.payload)
+
+
+def test_serialize_round_trip() -> None:
+    trigger = ShipyardJobTrigger(
+        "local_cwd://s/app-1", poll_interval=2, target_states=["running"], stream_logs=True
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider.triggers.ShipyardJobTrigger"
+    again = ShipyardJobTrigger(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+    assert kwargs["target_states"] == ["RUNNING"]
+    assert kwargs["failure_states"] == ["FAILED", "CANCELLED"]
+
+
+def test_bad_arguments_name_the_field() -> None:
+    with pytest.raises(ValueError, match="target_states"):
+        ShipyardJobTrigger("local_cwd://s/a", target_states=["DONE"])
+    with pytest.raises(ValueError, match="poll_interval"):
+        ShipyardJobTrigger("local_cwd://s/a", poll_interval=0)
+    with pytest.raises(ValueError):
+        ShipyardJobTrigger("not a handle")
+
+
+def test_success_and_failure_events(runner: Any) -> None:
+    ok = runner.run(sh("ok", "sleep 0.5"), "local_cwd")
+    bad = runner.run(sh("bad", "sleep 0.5; exit 2"), "local_cwd")
+
+    async def both() -> list[dict[str, Any]]:
+        return await asyncio.gather(
+            first_event(ShipyardJobTrigger(ok, poll_interval=0.2)),
+            first_event(ShipyardJobTrigger(bad, poll_interval=0.2)),
+        )
+
+    ok_event, bad_event = asyncio.run(both())
+    assert (ok_event["status"], ok_event["state"]) == ("success", "SUCCEEDED")
+    assert (bad_event["status"], bad_event["state"]) == ("failure", "FAILED")
+    assert bad_event["app_handle"] == bad
+
+
+def test_unknown_app_is_an_error_event() -> None:
+    event = asyncio.run(first_event(ShipyardJobTrigger("local_cwd://shipyard/no-such-app-42")))
+    assert event["status"] == "error"
+    assert "unknown" in event["message"]
+
+
+def test_triggers_share_status_polls(runner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    handles = [runner.run(sh(f"p{i}", "sleep 1.5"), "local_cwd") for i in range(3)]
+    batches: list[int] = []
+    real = type(runner).status_many
+
+    def counting(self: Any, app_handles: Any) -> Any:
+        app_handles = list(app_handles)
+        batches.append(len(app_handles))
+        return real(self, app_handles)
+
+    monkeypatch.setattr(type(runner), "status_many", counting)
+
+    async def all_three() -> list[dict[str, Any]]:
+        return await asyncio.gather(
+            *(first_event(ShipyardJobTrigger(h, poll_interval=0.25)) for h in handles)
+        )
+
+    events = asyncio.run(all_three())
+    assert [e["state"] for e in events] == ["SUCCEEDED"] * 3
+    # the three triggers were answered together: one backend call per tick, not one per trigger
+    assert max(batches) == 3
+    assert len(batches) < 3 * 4
+
+
+def test_log_lines_are_streamed_while_waiting(
+    runner: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    handle = runner.run(sh("talk", "echo one; sleep 0.3; echo two"), "local_cwd")
+    trigger = ShipyardJobTrigger(handle, poll_interval=0.2, stream_logs=True)
+    with caplog.at_level("INFO"):
+        event = asyncio.run(first_event(trigger))
+    assert event["log_lines"] == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages.index("talk/0 one") < messages.index("talk/0 two")
+
+
+def test_on_kill_cancels_the_job(runner: Any) -> None:
+    handle = runner.run(sh("victim", "sleep 120"), "local_cwd")
+    wait_until(lambda: runner.status(handle).state == AppState.RUNNING, what="RUNNING")
+    asyncio.run(ShipyardJobTrigger(handle).on_kill())
+    wait_until(lambda: runner.status(handle).state == AppState.CANCELLED, what="CANCELLED")
+
+
+def test_poller_is_per_event_loop() -> None:
+    async def get() -> _StatusPoller:
+        return _StatusPoller.for_running_loop()
+
+    async def same_loop() -> bool:
+        return await get() is await get()
+
+    assert asyncio.run(same_loop())
+    assert asyncio.run(get()) is not asyncio.run(get())
