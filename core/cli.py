@@ -45,16 +45,16 @@ class _Parser(argparse.ArgumentParser):
 def _parse_time(value: str, field: str) -> datetime:
     """ISO 8601 (``2026-01-02T03:04:05``) or a duration ago (``30s``, ``5m``, ``2h``, ``1d``)."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", value.strip())
-    if m:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
-        return datetime.now(UTC) - timedelta(**{unit: float(m.group(1))})
     try:
+        if m:
+            unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+            return datetime.now(UTC) - timedelta(**{unit: float(m.group(1))})
         dt = datetime.fromisoformat(value)
-    except ValueError:
+        return dt if dt.tzinfo else dt.astimezone()
+    except (ValueError, OverflowError):  # not a time, or out of datetime's range
         raise ValueError(
             f"{field}: expected an ISO 8601 time or a duration like 30s/5m/2h/1d, got {value!r}"
         ) from None
-    return dt if dt.tzinfo else dt.astimezone()
 
 
 def _parse_env(items: Sequence[str]) -> dict[str, str]:
