@@ -1,0 +1,42 @@
+"""Prefect 3 tasks and flows for Shipyard jobs, thin over :mod:`core.runner`.
+
+>>> from prefect import flow
+>>> from prefect_tasks import submit_job, wait_for_job
+>>> @flow
+... def train():
+...     handle = submit_job("app.yaml", scheduler="local_cwd")
+...     return wait_for_job(handle)  # logs stream to the run logger; raises if the job fails
+
+or as a subflow: ``run_job("app.yaml")``. Async flows use the ``*_async`` twins.
+"""
+
+from __future__ import annotations
+
+from prefect_tasks._jobs import JobCancelledError
+from prefect_tasks.flows import JobResult, cancel_flow_run_jobs, run_job, run_job_async
+from prefect_tasks.tasks import (
+    cancel_job,
+    cancel_job_async,
+    stream_job_logs,
+    stream_job_logs_async,
+    submit_job,
+    submit_job_async,
+    wait_for_job,
+    wait_for_job_async,
+)
+
+__all__ = [
+    "JobCancelledError",
+    "JobResult",
+    "cancel_flow_run_jobs",
+    "cancel_job",
+    "cancel_job_async",
+    "run_job",
+    "run_job_async",
+    "stream_job_logs",
+    "stream_job_logs_async",
+    "submit_job",
+    "submit_job_async",
+    "wait_for_job",
+    "wait_for_job_async",
+]

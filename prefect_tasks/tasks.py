@@ -1,0 +1,474 @@
+"""Prefect 3 tasks that submit, wait on, stream the logs of and cancel Shipyard jobs.
+
+Every task is thin over :mod:`core.runner` and passes jobs around by app handle
+(``{scheduler}://{session}/{app_id}``), so a handle returned by one task, flow or process is all
+another needs.
+
+* :func:`submit_job` re-attaches instead of submitting twice when its task run is retried: it tags
+  the job with a key derived from the task run (see ``_jobs.derive_idempotency_key``).
+* :func:`wait_for_job` streams the job's log lines to the Prefect run logger (one record per line,
+  ``role/replica line``), raises :class:`core.runner.AppFailedError` (state, exit codes, last log
+  lines) for a job that did not succeed, and cancels the job when the run goes away: a task or
+  flow timeout, a cancelled flow run, SIGTERM to the flow process, also for ``.submit()``-ed tasks.
+* Each task has an ``async`` twin (``*_async``) for async flows; the sync tasks also work there.
+
+Every task uses ``cache_policy=NO_CACHE``: submitting and cancelling are side effects that must
+never be skipped because an earlier run had the same inputs. Options such as ``retries`` and
+``timeout_seconds`` are set with ``.with_options(...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from core.runner import Runner, get_runner
+from core.specs import AppHandle, AppStatus, CfgVal, parse_app_handle
+from prefect_tasks import _jobs
+
+__all__ = [
+    "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_CANCEL_CHECK_INTERVAL",
+    "cancel_job",
+    "cancel_job_async",
+    "stream_job_logs",
+    "stream_job_logs_async",
+    "submit_job",
+    "submit_job_async",
+    "wait_for_job",
+    "wait_for_job_async",
+]
+
+#: most seconds between two status polls of a job (polling starts faster and backs off)
+DEFAULT_POLL_INTERVAL = 1.0
+#: seconds between two reads of the flow run's state (to notice a flow run cancelled in the API)
+DEFAULT_CANCEL_CHECK_INTERVAL = 5.0
+
+_fallback_log = logging.getLogger("prefect_tasks")
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
+    """The Prefect run logger, or a plain logger when called outside a run (``task.fn(...)``)."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return _fallback_log
+
+
+def _check_handle(handle: Any) -> AppHandle:
+    if not isinstance(handle, str):
+        raise ValueError(f"handle: expected an app handle string, got {type(handle).__name__}")
+    parse_app_handle(handle)  # raises MalformedAppHandleException (a ValueError)
+    return handle
+
+
+def _check_positive(value: Any, where: str, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{where}: expected a positive number of seconds, got {value!r}")
+
+
+def _check_submit_args(scheduler: Any, cfg: Any, workspace: Any, idempotency_key: Any) -> None:
+    if not isinstance(scheduler, str) or not scheduler:
+        raise ValueError(f"scheduler: expected a scheduler name, got {scheduler!r}")
+    if cfg is not None and not isinstance(cfg, Mapping):
+        raise ValueError(f"cfg: expected a mapping of run options, got {type(cfg).__name__}")
+    if workspace is not None and not isinstance(workspace, str):
+        raise ValueError(f"workspace: expected a path or URL string, got {workspace!r}")
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str) or not idempotency_key
+    ):
+        raise ValueError(f"idempotency_key: expected a non-empty string, got {idempotency_key!r}")
+
+
+def _check_wait_args(timeout: Any, poll_interval: Any, cancel_check_interval: Any) -> None:
+    _check_positive(timeout, "timeout")
+    _check_positive(poll_interval, "poll_interval", allow_none=False)
+    _check_positive(cancel_check_interval, "cancel_check_interval")
+
+
+# --------------------------------------------------------------------------------------------
+# submit
+# --------------------------------------------------------------------------------------------
+
+
+def _submit(
+    runner: Runner,
+    app: Any,
+    scheduler: str,
+    cfg: Mapping[str, CfgVal] | None,
+    workspace: str | None,
+    idempotency_key: str | None,
+) -> AppHandle:
+    logger = _logger()
+    appdef = _jobs.resolve_app(app)
+    key = idempotency_key or _jobs.derive_idempotency_key(appdef, scheduler, cfg, workspace)
+    handle = _jobs.submit(runner, appdef, scheduler, cfg, workspace, key, logger)
+    _jobs.track(handle)
+    return handle
+
+
+@task(name="shipyard-submit-job", cache_policy=NO_CACHE)
+def submit_job(
+    app: Any,
+    scheduler: str = "local_cwd",
+    cfg: Mapping[str, CfgVal] | None = None,
+    workspace: str | None = None,
+    idempotency_key: str | None = None,
+) -> AppHandle:
+    """Submits a job and returns its app handle.
+
+    Args:
+        app: an ``AppDef``, a dict in the app-file format, or the path of a YAML app file
+        scheduler: ``local_cwd``, ``local_dir``, ``local_docker``, ``slurm`` or a plugin's name
+        cfg: the scheduler's run options (see ``shipyard runopts``)
+        workspace: a directory (or fsspec URL) to run the job from, where the scheduler supports it
+        idempotency_key: overrides the key derived from the task run. A job already submitted
+            with the key is re-attached to instead of submitting again, unless it failed or was
+            cancelled (then a retry submits a fresh one).
+
+    Raises:
+        ValueError: bad input, naming the field, before anything is submitted.
+    """
+    _check_submit_args(scheduler, cfg, workspace, idempotency_key)
+    with get_runner() as runner:
+        return _submit(runner, app, scheduler, cfg, workspace, idempotency_key)
+
+
+@task(name="shipyard-submit-job", cache_policy=NO_CACHE)
+async def submit_job_async(
+    app: Any,
+    scheduler: str = "local_cwd",
+    cfg: Mapping[str, CfgVal] | None = None,
+    workspace: str | None = None,
+    idempotency_key: str | None = None,
+) -> AppHandle:
+    """:func:`submit_job` for async flows: the submission runs in a thread.
+
+    Interrupted while the submission is in flight, the job it makes is cancelled once it exists.
+    """
+    _check_submit_args(scheduler, cfg, workspace, idempotency_key)
+    runner = get_runner()
+    future = _jobs.start_in_thread(
+        lambda: _submit(runner, app, scheduler, cfg, workspace, idempotency_key)
+    )
+    try:
+        return await asyncio.wrap_future(future)
+    except BaseException as e:
+        if _jobs.is_interrupt(e):
+            logger = _logger()
+            why = f"interrupted while submitting: {e!r}"
+
+            def cleanup(f: Any) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    _jobs._cancel_quietly(runner, f.result(), logger, why)
+
+            future.add_done_callback(cleanup)
+        raise
+    finally:
+        future.add_done_callback(lambda _: runner.close())
+
+
+# --------------------------------------------------------------------------------------------
+# wait
+# --------------------------------------------------------------------------------------------
+
+
+def _start_forwarder(runner: Runner, handle: AppHandle, **kwargs: Any) -> _jobs.LogForwarder:
+    logger = _logger()
+    forwarder = _jobs.LogForwarder(runner, handle, lambda line: logger.info("%s", line), **kwargs)
+    forwarder.start()
+    return forwarder
+
+
+def _finish(
+    runner: Runner, handle: AppHandle, status: AppStatus | None, forwarder: Any
+) -> AppStatus:
+    if forwarder is not None:
+        forwarder.stop(_jobs._LOG_DRAIN_TIMEOUT)
+    final = runner.check_succeeded(handle, status)  # raises AppFailedError
+    _logger().info("%s %s", handle, final.state.name)
+    return final
+
+
+@task(name="shipyard-wait-for-job", cache_policy=NO_CACHE)
+def wait_for_job(
+    handle: AppHandle,
+    timeout: float | None = None,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    stream_logs: bool = True,
+    cancel_on_timeout: bool = True,
+    cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+) -> AppStatus:
+    """Waits for the job to end and returns its final status; raises if it did not succeed.
+
+    Args:
+        handle: the app handle from :func:`submit_job` (or anywhere else)
+        timeout: seconds to wait at most (None: no limit)
+        poll_interval: most seconds between two status polls
+        stream_logs: send the job's log lines to the run logger while waiting
+        cancel_on_timeout: cancel the job when ``timeout`` passes
+        cancel_check_interval: seconds between checks of the flow run's state in the API, to
+            cancel the job when the flow run is cancelled (None: do not check)
+
+    The job is cancelled when the wait is interrupted: a task or flow timeout, a cancelled flow
+    run, SIGTERM to the flow process, also when this task was started with ``.submit()``. An
+    ordinary error (the backend briefly unreachable) leaves the job running, so a retry of this
+    task picks it up again.
+
+    Raises:
+        core.runner.AppFailedError: the job failed, was cancelled or is unknown; the message has
+            its state, exit codes and the last log lines of the replicas that did not succeed.
+        TimeoutError: ``timeout`` passed.
+        JobCancelledError: the run went away and the job was cancelled.
+    """
+    _check_handle(handle)
+    _check_wait_args(timeout, poll_interval, cancel_check_interval)
+    logger = _logger()
+    watch = _jobs.CancelWatch(cancel_check_interval)
+    with get_runner() as runner:
+        forwarder = _start_forwarder(runner, handle) if stream_logs else None
+        try:
+            status = _jobs.wait_sync(
+                runner,
+                handle,
+                timeout=timeout,
+                poll_interval=poll_interval,
+                watch=watch,
+                logger=logger,
+                cancel_on_timeout=cancel_on_timeout,
+            )
+        except BaseException:
+            if forwarder is not None:
+                forwarder.stopping.set()
+            raise
+        return _finish(runner, handle, status, forwarder)
+
+
+@task(name="shipyard-wait-for-job", cache_policy=NO_CACHE)
+async def wait_for_job_async(
+    handle: AppHandle,
+    timeout: float | None = None,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    stream_logs: bool = True,
+    cancel_on_timeout: bool = True,
+    cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+) -> AppStatus:
+    """:func:`wait_for_job` for async flows (same arguments, errors and cancellation)."""
+    _check_handle(handle)
+    _check_wait_args(timeout, poll_interval, cancel_check_interval)
+    logger = _logger()
+    watch = _jobs.CancelWatch(cancel_check_interval)
+    with get_runner() as runner:
+        forwarder = _start_forwarder(runner, handle) if stream_logs else None
+        try:
+            status = await _jobs.wait_async(
+                runner,
+                handle,
+                timeout=timeout,
+                poll_interval=poll_interval,
+                watch=watch,
+                logger=logger,
+                cancel_on_timeout=cancel_on_timeout,
+            )
+        except BaseException:
+            if forwarder is not None:
+                forwarder.stopping.set()
+            raise
+        return await asyncio.to_thread(_finish, runner, handle, status, forwarder)
+
+
+# --------------------------------------------------------------------------------------------
+# logs
+# --------------------------------------------------------------------------------------------
+
+
+def _check_log_args(role: Any, replica: Any, regex: Any, max_lines: Any) -> None:
+    if role is not None and (not isinstance(role, str) or not role):
+        raise ValueError(f"role: expected a role name, got {role!r}")
+    if replica is not None and (
+        isinstance(replica, bool) or not isinstance(replica, int) or replica < 0
+    ):
+        raise ValueError(f"replica: expected a replica index (0, 1, ...), got {replica!r}")
+    if regex is not None:
+        import re
+
+        try:
+            re.compile(regex)
+        except (re.error, TypeError) as e:
+            raise ValueError(f"regex: not a valid regular expression ({e}): {regex!r}") from None
+    if isinstance(max_lines, bool) or not isinstance(max_lines, int) or max_lines < 0:
+        raise ValueError(f"max_lines: expected a non-negative integer, got {max_lines!r}")
+
+
+def _check_replica_exists(
+    runner: Runner, handle: AppHandle, role: str | None, replica: int | None
+) -> None:
+    """Fails early for a role or replica the job does not have (when its replicas are known)."""
+    if role is None and replica is None:
+        return
+    replicas = runner.replicas(handle)
+    if not replicas:
+        if runner.status(handle) is None:
+            raise ValueError(f"handle: no app {handle}")
+        return
+    if role is not None and all(r != role for r, _ in replicas):
+        roles = sorted({r for r, _ in replicas})
+        raise ValueError(f"role: app {handle} has no role {role!r}; roles: {roles}")
+    if replica is not None and all(k != replica for r, k in replicas if role in (None, r)):
+        raise ValueError(f"replica: {role or 'the app'} of {handle} has no replica {replica}")
+
+
+@task(name="shipyard-stream-job-logs", cache_policy=NO_CACHE)
+def stream_job_logs(
+    handle: AppHandle,
+    role: str | None = None,
+    replica: int | None = None,
+    regex: str | None = None,
+    should_tail: bool = True,
+    timeout: float | None = None,
+    max_lines: int = 1000,
+    cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+) -> list[str]:
+    """Sends the job's log lines to the run logger, one record per line (``role/replica line``).
+
+    Args:
+        handle: the job's app handle
+        role: only this role's replicas (default: all roles)
+        replica: only this replica index (of ``role``, or of every role)
+        regex: only lines matching this regular expression (``re.search``)
+        should_tail: follow the logs until the job ends (False: what is there now)
+        timeout: stop following after this many seconds (the job is left alone)
+        max_lines: how many of the last lines to return
+        cancel_check_interval: see :func:`wait_for_job`
+
+    Returns the last ``max_lines`` lines. It only reads: stopping (timeout, cancelled run) never
+    cancels the job.
+    """
+    _check_handle(handle)
+    _check_log_args(role, replica, regex, max_lines)
+    _check_positive(timeout, "timeout")
+    _check_positive(cancel_check_interval, "cancel_check_interval")
+    watch = _jobs.CancelWatch(cancel_check_interval)
+    with get_runner() as runner:
+        _check_replica_exists(runner, handle, role, replica)
+        forwarder = _start_forwarder(
+            runner,
+            handle,
+            role=role,
+            replica=replica,
+            regex=regex,
+            should_tail=should_tail,
+            keep=max_lines,
+        )
+        try:
+            stopped = _jobs.follow_sync(forwarder, watch, timeout)
+        finally:
+            forwarder.stopping.set()
+        return _log_result(forwarder, stopped)
+
+
+@task(name="shipyard-stream-job-logs", cache_policy=NO_CACHE)
+async def stream_job_logs_async(
+    handle: AppHandle,
+    role: str | None = None,
+    replica: int | None = None,
+    regex: str | None = None,
+    should_tail: bool = True,
+    timeout: float | None = None,
+    max_lines: int = 1000,
+    cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+) -> list[str]:
+    """:func:`stream_job_logs` for async flows."""
+    _check_handle(handle)
+    _check_log_args(role, replica, regex, max_lines)
+    _check_positive(timeout, "timeout")
+    _check_positive(cancel_check_interval, "cancel_check_interval")
+    watch = _jobs.CancelWatch(cancel_check_interval)
+    with get_runner() as runner:
+        await asyncio.to_thread(_check_replica_exists, runner, handle, role, replica)
+        forwarder = _start_forwarder(
+            runner,
+            handle,
+            role=role,
+            replica=replica,
+            regex=regex,
+            should_tail=should_tail,
+            keep=max_lines,
+        )
+        try:
+            stopped = await _jobs.follow_async(forwarder, watch, timeout)
+        finally:
+            forwarder.stopping.set()
+        return _log_result(forwarder, stopped)
+
+
+def _log_result(forwarder: _jobs.LogForwarder, stopped: str | None) -> list[str]:
+    if forwarder.error is not None:
+        raise forwarder.error
+    if stopped:
+        _logger().info("stopped following the logs of %s: %s", forwarder.handle, stopped)
+    return list(forwarder.lines)
+
+
+# --------------------------------------------------------------------------------------------
+# cancel
+# --------------------------------------------------------------------------------------------
+
+
+def _cancel(handle: AppHandle, wait: bool, timeout: float) -> AppStatus | None:
+    logger = _logger()
+    with get_runner() as runner:
+        runner.cancel(handle)
+        _jobs.untrack(handle)
+        logger.info("cancel requested for %s", handle)
+        if not wait:
+            return runner.status(handle)
+        deadline = time.monotonic() + timeout
+        status = runner.status(handle)
+        while status is not None and not status.is_terminal():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"app {handle} still {status.state.name} {timeout}s after cancel"
+                )
+            time.sleep(0.1)
+            status = runner.status(handle)
+        logger.info("%s is %s", handle, status.state.name if status else "gone")
+        return status
+
+
+@task(name="shipyard-cancel-job", cache_policy=NO_CACHE)
+def cancel_job(handle: AppHandle, wait: bool = True, timeout: float = 60.0) -> AppStatus | None:
+    """Cancels the job (idempotent) and returns its status (None if the app is unknown).
+
+    Args:
+        handle: the job's app handle
+        wait: wait until the job is final (CANCELLED, or whatever it ended as first)
+        timeout: seconds to wait at most
+
+    Raises:
+        TimeoutError: ``wait`` and the job is still not final after ``timeout`` seconds.
+    """
+    _check_handle(handle)
+    _check_positive(timeout, "timeout", allow_none=False)
+    return _cancel(handle, wait, timeout)
+
+
+@task(name="shipyard-cancel-job", cache_policy=NO_CACHE)
+async def cancel_job_async(
+    handle: AppHandle, wait: bool = True, timeout: float = 60.0
+) -> AppStatus | None:
+    """:func:`cancel_job` for async flows."""
+    _check_handle(handle)
+    _check_positive(timeout, "timeout", allow_none=False)
+    return await asyncio.to_thread(_cancel, handle, wait, timeout)
