@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the images the Docker tests use, locally (nothing is pulled), idempotently:
+#   shipyard-test/busybox:latest   FROM scratch + Debian's static busybox (sh, sleep, nslookup...)
+# An image that already exists is left as it is (remove it to rebuild).
+set -euo pipefail
+
+BUSYBOX_IMAGE="${SHIPYARD_TEST_IMAGE:-shipyard-test/busybox:latest}"
+
+log() { echo "[build_test_images] $*" >&2; }
+
+if docker image inspect "$BUSYBOX_IMAGE" >/dev/null 2>&1; then
+    log "$BUSYBOX_IMAGE exists"
+    exit 0
+fi
+
+BUSYBOX_BIN="$(command -v busybox || true)"
+if [ -z "$BUSYBOX_BIN" ] || ! file -L "$BUSYBOX_BIN" 2>/dev/null | grep -q "statically linked"; then
+    # busybox-static installs /bin/busybox; fall back to it if PATH finds a dynamic one.
+    BUSYBOX_BIN=/bin/busybox
+fi
+if [ ! -x "$BUSYBOX_BIN" ]; then
+    log "no static busybox found (apt-get install busybox-static)"
+    exit 1
+fi
+
+ctx="$(mktemp -d)"
+trap 'rm -rf "$ctx"' EXIT
+cp "$BUSYBOX_BIN" "$ctx/busybox"
+cat >"$ctx/Dockerfile" <<'EOF'
+FROM scratch
+COPY busybox /bin/busybox
+RUN ["/bin/busybox", "--install", "-s", "/bin"]
+RUN ["/bin/busybox", "mkdir", "-p", "/tmp", "/etc", "/root", "/usr/bin", "/sbin", "/usr/sbin"]
+ENV PATH=/bin:/usr/bin:/sbin:/usr/sbin
+CMD ["/bin/sh"]
+EOF
+log "building $BUSYBOX_IMAGE"
+docker build -q -t "$BUSYBOX_IMAGE" "$ctx" >/dev/null
+log "built $BUSYBOX_IMAGE"

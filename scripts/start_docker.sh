@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Starts the real services the Docker tests use, idempotently (safe to run again and again):
+#   - a Docker engine (dockerd --iptables=false, API on /var/run/docker.sock, log /var/log/dockerd.log)
+#   - a Docker registry on 127.0.0.1:5000 (Debian's docker-registry, log /var/log/docker-registry.log)
+#   - the test images (scripts/build_test_images.sh)
+# No registry on the internet is reachable: images are built locally, never pulled.
+# Needs root (Debian 12). Works without systemd: daemons are started in the background.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REGISTRY_ADDR="${SHIPYARD_REGISTRY_ADDR:-127.0.0.1:5000}"
+REGISTRY_DIR="${SHIPYARD_REGISTRY_DIR:-/var/lib/shipyard-registry}"
+DOCKERD_LOG=/var/log/dockerd.log
+REGISTRY_LOG=/var/log/docker-registry.log
+
+log() { echo "[start_docker] $*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+    log "must run as root"
+    exit 1
+fi
+
+# --- packages ---------------------------------------------------------------------------------
+missing=()
+for pkg in docker.io busybox-static docker-registry; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# --- dockerd ----------------------------------------------------------------------------------
+# Registries on loopback are insecure (plain http) by default in dockerd; say it explicitly so
+# that a registry address other than 127.0.0.1 still works.
+mkdir -p /etc/docker
+if [ ! -s /etc/docker/daemon.json ]; then
+    printf '{\n  "insecure-registries": ["%s"]\n}\n' "$REGISTRY_ADDR" >/etc/docker/daemon.json
+elif ! grep -q "$REGISTRY_ADDR" /etc/docker/daemon.json; then
+    log "note: /etc/docker/daemon.json exists and does not list $REGISTRY_ADDR (left unchanged)"
+fi
+
+docker_up() { docker info >/dev/null 2>&1; }
+
+if ! docker_up; then
+    if ! pgrep -x dockerd >/dev/null 2>&1; then
+        # containerd is started by dockerd itself when it is not running.
+        log "starting dockerd (log: $DOCKERD_LOG)"
+        nohup dockerd --iptables=false >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    fi
+    for _ in $(seq 1 120); do
+        docker_up && break
+        sleep 0.5
+    done
+    if ! docker_up; then
+        log "dockerd did not come up; last lines of $DOCKERD_LOG:"
+        tail -n 30 "$DOCKERD_LOG" >&2 || true
+        exit 1
+    fi
+fi
+log "docker engine: $(docker version --format '{{.Server.Version}}' 2>/dev/null)"
+
+# --- registry ---------------------------------------------------------------------------------
+registry_up() {
+    python3 - "$REGISTRY_ADDR" <<'EOF' >/dev/null 2>&1
+import sys, urllib.request
+urllib.request.urlopen(f"http://{sys.argv[1]}/v2/", timeout=2).read()
+EOF
+}
+
+if ! registry_up; then
+    # Debian's /etc/docker/registry/config.yml listens on every interface and wants an htpasswd
+    # file; the tests need an open registry on loopback only, so it gets a config of its own.
+    mkdir -p "$REGISTRY_DIR/data"
+    cat >"$REGISTRY_DIR/config.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+  fields:
+    service: registry
+storage:
+  cache:
+    blobdescriptor: inmemory
+  filesystem:
+    rootdirectory: $REGISTRY_DIR/data
+  delete:
+    enabled: true
+http:
+  addr: $REGISTRY_ADDR
+  headers:
+    X-Content-Type-Options: [nosniff]
+EOF
+    log "starting docker-registry on $REGISTRY_ADDR (log: $REGISTRY_LOG)"
+    nohup docker-registry serve "$REGISTRY_DIR/config.yml" >>"$REGISTRY_LOG" 2>&1 </dev/null &
+    for _ in $(seq 1 60); do
+        registry_up && break
+        sleep 0.5
+    done
+    if ! registry_up; then
+        log "the registry did not come up; last lines of $REGISTRY_LOG:"
+        tail -n 30 "$REGISTRY_LOG" >&2 || true
+        exit 1
+    fi
+fi
+log "registry: http://$REGISTRY_ADDR"
+
+# --- test images ------------------------------------------------------------------------------
+bash "$HERE/build_test_images.sh"
