@@ -1,0 +1,735 @@
+"""Runtime of the local scheduler: per-app state files, process liveness and termination, and
+the per-app log collector.
+
+This module imports only the standard library because it also runs as a standalone script
+(``python -S -I _local_runtime.py collect APP_DIR``): the log collector of one app, started after
+the app's replicas so that it never delays ``submit``.
+
+Layout of one app's state directory (``<state>/local/<app_id>/``)::
+
+    app.json          what was submitted: roles, replicas (pid, start time, log dir), key, time
+    exit.<g>          exit code of replica g (global index), written by its /bin/sh wrapper
+    cancelled         marker: cancel was requested (JSON with the time)
+    gang              marker: a replica failed, the others were told to terminate
+    done              the final state, written by whoever first sees the app terminal
+    collector.lock    flock'ed by the live collector (released by the kernel when it dies)
+    idx.<g>           time index of replica g's logs: "time out_off err_off comb_off" lines
+    logs_done         the collector consumed every byte of every replica's output
+    <role>/<k>/{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
+
+Replica stdout/stderr go straight from the process into ``stdout.log``/``stderr.log`` (so no byte
+is ever lost, whoever dies); the collector tails those files and writes ``combined.log``
+(whole lines, in the order it saw them arrive) and the time index used for ``since``/``until``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+STATE_DIR_ENV = "SHIPYARD_STATE_DIR"
+
+APP_FILE = "app.json"
+CANCELLED = "cancelled"
+GANG = "gang"
+DONE = "done"
+LOGS_DONE = "logs_done"
+LOCK = "collector.lock"
+EXIT_PREFIX = "exit."
+INDEX_PREFIX = "idx."
+
+#: seconds between SIGTERM and SIGKILL when terminating replicas
+DEFAULT_GRACE = 5.0
+
+# Exit code recorded for a wrapper that died without recording one (e.g. SIGKILL of the wrapper).
+LOST = "lost"
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_HAVE_PROC = os.path.isdir("/proc/self")
+
+
+# --------------------------------------------------------------------------------------------
+# paths and files
+# --------------------------------------------------------------------------------------------
+
+
+def state_root() -> str:
+    """``$SHIPYARD_STATE_DIR`` else ``$XDG_STATE_HOME/shipyard`` else ``~/.local/state/shipyard``."""
+    root = os.environ.get(STATE_DIR_ENV)
+    if not root:
+        xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(
+            os.path.expanduser("~"), ".local", "state"
+        )
+        root = os.path.join(xdg, "shipyard")
+    return os.path.abspath(root)
+
+
+def apps_root() -> str:
+    """The directory holding one sub-directory per local app."""
+    return os.path.join(state_root(), "local")
+
+
+def write_atomic(path: str, data: str | bytes) -> None:
+    """Writes ``path`` via a temporary file and ``os.replace`` (readers never see half a file)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    raw = data.encode() if isinstance(data, str) else data
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, raw)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def create_exclusive(path: str, data: str) -> bool:
+    """Creates ``path`` with ``data`` unless it exists; True if this call created it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+    return True
+
+
+def read_text(path: str) -> str | None:
+    """The file's text, or None if it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+
+
+def load_summary(app_dir: str) -> dict[str, Any] | None:
+    """The parsed ``app.json`` of an app, or None if there is none (or it is unreadable)."""
+    text = read_text(os.path.join(app_dir, APP_FILE))
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def parse_exit(text: str | None) -> int | str | None:
+    """Decodes an exit file: None (not written yet), :data:`LOST`, or an exit code.
+
+    The wrapper records ``$?`` of ``/bin/sh``: ``128+N`` means "killed by signal N" and is
+    reported as ``-N`` (as ``subprocess`` does). A negative value was written by whoever reaped
+    or killed the wrapper itself and is already a signal number.
+    """
+    if text is None:
+        return None
+    s = text.strip()
+    if not s:
+        return None
+    if s == LOST:
+        return LOST
+    try:
+        code = int(s)
+    except ValueError:
+        return LOST
+    if 128 < code <= 128 + 64:
+        return -(code - 128)
+    return code
+
+
+def read_exit(app_dir: str, g: int) -> int | str | None:
+    return parse_exit(read_text(os.path.join(app_dir, f"{EXIT_PREFIX}{g}")))
+
+
+def record_exit(app_dir: str, g: int, value: int | str) -> None:
+    """Records an exit code for replica ``g`` unless its wrapper already did."""
+    path = os.path.join(app_dir, f"{EXIT_PREFIX}{g}")
+    if parse_exit(read_text(path)) is None:
+        try:
+            write_atomic(path, f"{value}\n")
+        except FileNotFoundError:  # app dir removed meanwhile
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> tuple[str, int, int, int, int] | None:
+    """``(state, ppid, pgrp, session, starttime)`` of ``pid`` from /proc, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return None
+    try:
+        rest = data[data.rindex(b")") + 2 :].split()
+        return (
+            rest[0].decode(),
+            int(rest[1]),
+            int(rest[2]),
+            int(rest[3]),
+            int(rest[19]),
+        )
+    except (ValueError, IndexError):
+        return None
+
+
+_BTIME: float | None = None
+
+
+def _boot_time() -> float:
+    global _BTIME
+    if _BTIME is None:
+        _BTIME = 0.0
+        try:
+            with open("/proc/stat", "rb") as f:
+                for line in f:
+                    if line.startswith(b"btime "):
+                        _BTIME = float(line.split()[1])
+                        break
+        except OSError:
+            pass
+    return _BTIME
+
+
+def start_wall_time(pid: int) -> float:
+    """When ``pid`` started (seconds since the epoch, to within a second), 0 if unknown."""
+    st = proc_stat(pid)
+    if st is None or not _boot_time():
+        return 0.0
+    return _boot_time() + st[4] / _CLK_TCK
+
+
+def _same_process(st: tuple[str, int, int, int, int], spawned: float) -> bool:
+    """True if a process with this /proc stat could be the one spawned at ``spawned``.
+
+    /proc gives start times relative to boot, and the boot time only to the second, hence the
+    tolerance; a pid is not reused within seconds (the kernel allocates them cyclically).
+    """
+    if not spawned or not _boot_time():
+        return True
+    started = _boot_time() + st[4] / _CLK_TCK
+    return spawned - 2.0 <= started <= spawned + 30.0
+
+
+def is_alive(pid: int, spawned: float = 0.0) -> bool:
+    """True if ``pid`` runs and is the process spawned at time ``spawned`` (guards pid reuse).
+
+    Zombies count as dead.
+    """
+    if pid <= 0:
+        return False
+    if _HAVE_PROC:
+        st = proc_stat(pid)
+        if st is None or st[0] in ("Z", "X", "x"):
+            return False
+        return _same_process(st, spawned)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_groups(leaders: Iterable[tuple[int, float]], sig: int) -> list[tuple[int, float]]:
+    """Sends ``sig`` to the process group of every live leader; returns the ones signalled."""
+    sent = []
+    for pid, start in leaders:
+        if not is_alive(pid, start):
+            continue
+        try:
+            os.killpg(pid, sig)
+            sent.append((pid, start))
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            try:
+                os.kill(pid, sig)
+                sent.append((pid, start))
+            except OSError:
+                pass
+    return sent
+
+
+def session_members(sessions: dict[int, float]) -> list[int]:
+    """Live processes whose session is one of ``sessions`` (session id -> leader spawn time).
+
+    A session whose id now belongs to a different process (pid reuse) is ignored. Used to find
+    what a replica left behind after its wrapper ended (processes that changed process group).
+    """
+    if not sessions or not _HAVE_PROC:
+        return []
+    valid = {}
+    for sid, spawned in sessions.items():
+        st = proc_stat(sid)
+        if st is None or st[0] in ("Z", "X", "x") or _same_process(st, spawned):
+            valid[sid] = spawned
+    if not valid:
+        return []
+    me = os.getpid()
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == me:
+            continue
+        st = proc_stat(pid)
+        if st is None or st[0] in ("Z", "X", "x"):
+            continue
+        if st[3] in valid:
+            found.append(pid)
+    return found
+
+
+def kill_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def replica_leaders(summary: dict[str, Any]) -> list[tuple[int, float]]:
+    """``(pid, spawn time)`` of every replica wrapper, in global replica order."""
+    return [(int(r["pid"]), float(r.get("t") or 0)) for r in summary["replicas"]]
+
+
+# --------------------------------------------------------------------------------------------
+# observing and enforcing an app's state (shared by describe, cancel and the collector)
+# --------------------------------------------------------------------------------------------
+
+
+class Observation:
+    """A snapshot of an app's replicas: exit codes (None while running) and markers."""
+
+    __slots__ = ("codes", "running", "cancelled", "gang", "names", "done")
+
+    def __init__(self) -> None:
+        self.codes: list[int | str | None] = []
+        self.running: list[int] = []
+        self.cancelled = False
+        self.gang = False
+        self.names: set[str] = set()
+        self.done: dict[str, Any] | None = None
+
+    @property
+    def failed(self) -> list[int]:
+        return [g for g, c in enumerate(self.codes) if c is not None and c != 0]
+
+
+def observe(app_dir: str, summary: dict[str, Any]) -> Observation | None:
+    """Looks at the app's state directory and processes; None if the app directory is gone."""
+    try:
+        names = set(os.listdir(app_dir))
+    except FileNotFoundError:
+        return None
+    obs = Observation()
+    obs.names = names
+    if DONE in names:
+        text = read_text(os.path.join(app_dir, DONE))
+        if text:
+            try:
+                obs.done = json.loads(text)
+                return obs
+            except ValueError:
+                pass
+    obs.cancelled = CANCELLED in names
+    obs.gang = GANG in names
+    for g, rep in enumerate(summary["replicas"]):
+        code = read_exit(app_dir, g) if f"{EXIT_PREFIX}{g}" in names else None
+        if code is None:
+            if is_alive(int(rep["pid"]), float(rep.get("t") or 0)):
+                obs.running.append(g)
+            else:
+                # the wrapper may have written its code after the listdir above
+                code = read_exit(app_dir, g)
+                if code is None:
+                    code = LOST
+        obs.codes.append(code)
+    return obs
+
+
+def marker_age(app_dir: str, name: str) -> float:
+    try:
+        return time.time() - os.stat(os.path.join(app_dir, name)).st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def enforce(app_dir: str, summary: dict[str, Any], obs: Observation, grace: float) -> None:
+    """Applies the app's termination rules given a fresh observation.
+
+    * gang semantics: once a replica failed (and the app was not cancelled), the other replicas
+      are sent SIGTERM (the ``gang`` marker records the first failure; only one observer acts);
+    * after ``grace`` seconds of a cancel or a gang termination, survivors get SIGKILL.
+    """
+    if not obs.running:
+        return
+    leaders = replica_leaders(summary)
+    if not obs.cancelled and not obs.gang and obs.failed:
+        g = obs.failed[0]
+        rep = summary["replicas"][g]
+        info = json.dumps({"replica": g, "role": rep["role"], "k": rep["k"], "time": time.time()})
+        if create_exclusive(os.path.join(app_dir, GANG), info):
+            signal_groups([leaders[i] for i in obs.running], signal.SIGTERM)
+        return
+    for marker, active in ((CANCELLED, obs.cancelled), (GANG, obs.gang)):
+        if active and marker_age(app_dir, marker) > grace:
+            killed = signal_groups([leaders[i] for i in obs.running], signal.SIGKILL)
+            _record_killed(app_dir, summary, killed)
+            return
+
+
+def _record_killed(
+    app_dir: str, summary: dict[str, Any], killed: Sequence[tuple[int, float]]
+) -> None:
+    """After SIGKILL of wrappers, records ``-9`` for those that could not record a code."""
+    if not killed:
+        return
+    pids = {pid for pid, _ in killed}
+    deadline = time.monotonic() + 1.0
+    leaders = replica_leaders(summary)
+    pending = [(g, pid, t) for g, (pid, t) in enumerate(leaders) if pid in pids]
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if is_alive(p[1], p[2])]
+        if pending:
+            time.sleep(0.002)
+    for g, (pid, t) in enumerate(leaders):
+        if pid in pids and not is_alive(pid, t):
+            record_exit(app_dir, g, -signal.SIGKILL)
+
+
+def terminate(
+    app_dir: str,
+    summary: dict[str, Any],
+    grace: float = DEFAULT_GRACE,
+    only: Sequence[int] | None = None,
+) -> None:
+    """Ends every replica's process tree: SIGTERM to all process groups at once, short polls
+    until the wrappers exit, SIGKILL after ``grace`` seconds, then whatever the replicas left
+    behind in their sessions."""
+    leaders = replica_leaders(summary)
+    targets = [leaders[g] for g in (only if only is not None else range(len(leaders)))]
+    sessions = dict(targets)
+    live = signal_groups(targets, signal.SIGTERM)
+    deadline = time.monotonic() + max(grace, 0.0)
+    delay = 0.0005
+    while live and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+        live = [p for p in live if is_alive(*p)]
+    if live:
+        killed = signal_groups(live, signal.SIGKILL)
+        _record_killed(app_dir, summary, killed)
+    reap_sessions(sessions, grace)
+
+
+def reap_sessions(sessions: dict[int, float], grace: float) -> None:
+    """Terminates processes left in the replicas' sessions (TERM, then KILL after ``grace``)."""
+    left = session_members(sessions)
+    if not left:
+        return
+    kill_pids(left, signal.SIGTERM)
+    deadline = time.monotonic() + max(grace, 0.0)
+    delay = 0.001
+    while time.monotonic() < deadline:
+        left = session_members(sessions)
+        if not left:
+            return
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    kill_pids(session_members(sessions), signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------------------
+# the time index
+# --------------------------------------------------------------------------------------------
+
+
+def read_index(path: str, offset: int = 0) -> tuple[list[tuple[float, int, int, int]], int]:
+    """Complete entries of an index file from byte ``offset``, and the offset after them."""
+    try:
+        with open(path, "rb") as f:
+            if offset:
+                f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    cut = data.rfind(b"\n") + 1
+    entries = []
+    for line in data[:cut].split(b"\n")[:-1]:
+        parts = line.split()
+        if len(parts) != 4:
+            continue
+        try:
+            entries.append((float(parts[0]), int(parts[1]), int(parts[2]), int(parts[3])))
+        except ValueError:
+            continue
+    return entries, offset + cut
+
+
+# --------------------------------------------------------------------------------------------
+# the collector
+# --------------------------------------------------------------------------------------------
+
+_READ_CAP = 4 << 20
+_INDEX_EVERY = 0.02
+_TICK_MIN = 0.002
+_TICK_MAX = 0.05
+
+
+class _Stream:
+    __slots__ = ("path", "fd", "off", "buf")
+
+    def __init__(self, path: str, off: int) -> None:
+        self.path = path
+        self.off = off  # end of the whole lines consumed so far
+        self.buf = b""  # bytes read after ``off`` that do not end a line yet
+        fd = -1
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            os.lseek(fd, off, os.SEEK_SET)
+        except FileNotFoundError:
+            fd = -1
+        self.fd = fd
+
+    def read(self) -> bytes:
+        """Whole lines that arrived since the last call (the partial tail is kept)."""
+        if self.fd < 0:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                os.lseek(self.fd, self.off + len(self.buf), os.SEEK_SET)
+            except FileNotFoundError:
+                return b""
+        chunks = []
+        total = 0
+        while total < _READ_CAP:
+            data = os.read(self.fd, 1 << 20)
+            if not data:
+                break
+            chunks.append(data)
+            total += len(data)
+        if not chunks:
+            return b""
+        buf = self.buf + b"".join(chunks)
+        cut = buf.rfind(b"\n") + 1
+        self.buf = buf[cut:]
+        self.off += cut
+        return buf[:cut]
+
+    def rest(self) -> bytes:
+        """The final partial line (called once the writer is gone)."""
+        rest, self.buf = self.buf, b""
+        self.off += len(rest)
+        return rest
+
+    def mtime(self) -> int:
+        try:
+            return os.fstat(self.fd).st_mtime_ns if self.fd >= 0 else 0
+        except OSError:
+            return 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _ReplicaLogs:
+    def __init__(self, app_dir: str, g: int, log_dir: str) -> None:
+        self.g = g
+        self.idx_path = os.path.join(app_dir, f"{INDEX_PREFIX}{g}")
+        entries, end = read_index(self.idx_path)
+        out_off = err_off = comb_off = 0
+        if entries:
+            _, out_off, err_off, comb_off = entries[-1]
+        comb_path = os.path.join(log_dir, "combined.log")
+        # resume after a collector that died: drop what it wrote after its last index entry
+        self.comb_fd = os.open(comb_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.ftruncate(self.comb_fd, comb_off)
+        os.lseek(self.comb_fd, comb_off, os.SEEK_SET)
+        self.idx_fd = os.open(self.idx_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.ftruncate(self.idx_fd, end)
+        os.lseek(self.idx_fd, end, os.SEEK_SET)
+        self.comb_off = comb_off
+        self.out = _Stream(os.path.join(log_dir, "stdout.log"), out_off)
+        self.err = _Stream(os.path.join(log_dir, "stderr.log"), err_off)
+        self.pending = False
+        self.last_index = 0.0
+        self.exited = False
+        self.finished = False
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.comb_fd, view)
+            view = view[n:]
+        self.comb_off += len(data)
+
+    def poll(self, now: float, final: bool = False) -> bool:
+        """Moves new whole lines into combined.log; True if anything arrived."""
+        out = self.out.read()
+        err = self.err.read()
+        if final:
+            # the writer is gone: flush partial last lines (each kept on a line of its own)
+            o_rest, e_rest = self.out.rest(), self.err.rest()
+            if o_rest and e_rest:
+                o_rest += b"\n"
+            out += o_rest
+            err += e_rest
+        if out or err:
+            if out and err and self.err.mtime() < self.out.mtime():
+                self._write(err)
+                self._write(out)
+            else:
+                if out:
+                    self._write(out)
+                if err:
+                    self._write(err)
+            self.pending = True
+        if self.pending and (final or now - self.last_index >= _INDEX_EVERY):
+            self.write_index(now)
+        return bool(out or err)
+
+    def write_index(self, now: float) -> None:
+        line = f"{now:.6f} {self.out.off} {self.err.off} {self.comb_off}\n".encode()
+        os.write(self.idx_fd, line)
+        self.pending = False
+        self.last_index = now
+
+    def close(self) -> None:
+        self.out.close()
+        self.err.close()
+        for fd in (self.comb_fd, self.idx_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def acquire_collector_lock(app_dir: str) -> int | None:
+    """Takes the app's collector lock; returns its fd, or None if another collector holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(app_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    return fd
+
+
+def collector_alive(app_dir: str) -> bool:
+    """True if a collector currently holds the app's lock."""
+    fd = acquire_collector_lock(app_dir)
+    if fd is None:
+        return os.path.exists(os.path.join(app_dir, LOCK))
+    os.close(fd)
+    return False
+
+
+def collect(app_dir: str, grace: float = DEFAULT_GRACE, follow: bool = True) -> bool:
+    """Runs the collector of one app until every replica ended and its output was consumed.
+
+    With ``follow=False`` it only catches up once (used by a reader that finds the collector
+    gone after the app ended). Returns False if another collector holds the lock.
+    """
+    lock_fd = acquire_collector_lock(app_dir)
+    if lock_fd is None:
+        return False
+    try:
+        if os.path.exists(os.path.join(app_dir, LOGS_DONE)):
+            return True
+        summary = load_summary(app_dir)
+        if summary is None:
+            return True
+        _collect(app_dir, summary, grace, follow)
+        return True
+    finally:
+        os.close(lock_fd)
+
+
+def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) -> None:
+    replicas = summary["replicas"]
+    leaders = replica_leaders(summary)
+    logs = [_ReplicaLogs(app_dir, g, r["log_dir"]) for g, r in enumerate(replicas)]
+    tick = _TICK_MIN
+    try:
+        while True:
+            now = time.time()
+            active = False
+            for rl in logs:
+                if not rl.finished and rl.poll(now):
+                    active = True
+            obs = observe(app_dir, summary)
+            if obs is None:  # app removed
+                return
+            if obs.done is not None:
+                ended = set(range(len(logs)))
+            else:
+                enforce(app_dir, summary, obs, grace)
+                ended = {g for g, c in enumerate(obs.codes) if c is not None}
+            newly = [rl for rl in logs if rl.g in ended and not rl.exited]
+            if newly:
+                for rl in newly:
+                    rl.exited = True
+                # whatever a finished replica left running in its session goes too
+                reap_sessions({leaders[rl.g][0]: leaders[rl.g][1] for rl in newly}, grace)
+                for rl in newly:
+                    rl.poll(time.time(), final=True)
+                    rl.finished = True
+            if all(rl.finished for rl in logs):
+                create_exclusive(os.path.join(app_dir, LOGS_DONE), f"{time.time()}\n")
+                return
+            if not follow:
+                # catching up for a reader: the replicas still run (their collector died)
+                return
+            tick = _TICK_MIN if active else min(tick * 2, _TICK_MAX)
+            time.sleep(tick)
+    finally:
+        for rl in logs:
+            rl.close()
+
+
+def _main(argv: Sequence[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "collect":
+        # keep running when the terminal or the submitter is interrupted
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        grace = float(argv[2]) if len(argv) > 2 else DEFAULT_GRACE
+        try:
+            collect(argv[1], grace)
+        except Exception as e:  # a collector crash must not look like an app failure
+            sys.stderr.write(f"shipyard collector {argv[1]}: {e!r}\n")
+            return 1
+        return 0
+    sys.stderr.write("usage: _local_runtime.py collect APP_DIR [GRACE]\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

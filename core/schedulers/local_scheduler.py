@@ -1,0 +1,1470 @@
+"""The local scheduler: runs each replica of each role as a process on this host.
+
+Exposed as ``local_cwd`` (replicas run in the current working directory; the image is ignored)
+and ``local_dir`` (the role's image is an absolute directory the replicas run in).
+
+Properties of a role that cannot be enforced on one host are ignored: resource requirements and
+limits, retry policies and counts, deployment preferences.
+
+**Any process can address a local app.** Each app keeps a small state directory under
+``$SHIPYARD_STATE_DIR`` (else ``$XDG_STATE_HOME/shipyard``, else ``~/.local/state/shipyard``), in
+``local/<app_id>/``: what was submitted, the replicas' pids and start times, their exit codes (each
+replica runs under a tiny ``/bin/sh`` wrapper that records it) and a few markers. So ``describe``,
+``list``, ``exists``, ``log_iter`` and ``cancel`` work from any process on the host, also after the
+submitting process exited; apps keep running when it does.
+
+**Logs.** A replica writes its stdout and stderr straight into ``stdout.log`` and ``stderr.log``
+(under cfg ``log_dir``/``<app_id>/<role>/<k>/`` or, by default, in the app's state directory). A
+small per-app collector process, started right after the replicas, writes ``combined.log`` (whole
+lines of both streams in the order it saw them arrive) and a coarse time index that
+``log_iter``'s ``since``/``until`` use.
+
+**Nothing is orphaned.** ``cancel`` sends SIGTERM to the process group of every replica at once,
+waits for them with short polls, sends SIGKILL after a grace period (:data:`DEFAULT_GRACE`), and
+then ends what the replicas left behind in their sessions. When a replica fails, the other
+replicas of the app are terminated the same way (gang semantics) and the app ends FAILED,
+naming the replica that failed first. A :class:`LocalScheduler` created in the main thread
+terminates the apps it launched when its process receives SIGTERM or SIGINT and raises
+:class:`SignalException` (processes that escape with ``setsid`` are not tracked).
+
+Exit codes: a replica killed by signal N reports ``-N``. The ``/bin/sh`` wrapper cannot tell
+"killed by signal N" from "exited with 128+N", so exit codes 129..192 are reported as signals.
+"""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import itertools
+import json
+import logging
+import os
+import queue
+import re
+import secrets
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+from core.schedulers import _local_runtime as rt
+from core.schedulers.api import (
+    IDEMPOTENCY_KEY,
+    DescribeAppResponse,
+    ListAppResponse,
+    Scheduler,
+    Stream,
+    check_stream,
+)
+from core.specs import (
+    NONE,
+    AppDef,
+    AppDryRunInfo,
+    AppState,
+    CfgVal,
+    ReplicaStatus,
+    Role,
+    RoleStatus,
+    is_terminal,
+    macros,
+    runopts,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CWDImageProvider",
+    "DEFAULT_GRACE",
+    "ImageProvider",
+    "LocalDirectoryImageProvider",
+    "LocalOpts",
+    "LocalScheduler",
+    "LogIterator",
+    "PopenRequest",
+    "ReplicaParam",
+    "SignalException",
+    "create_cwd_scheduler",
+    "create_scheduler",
+    "state_dir",
+]
+
+LocalOpts = Mapping[str, CfgVal]
+
+#: seconds between SIGTERM and SIGKILL when terminating replicas
+DEFAULT_GRACE = rt.DEFAULT_GRACE
+
+#: the environment variable holding the host of replica 0 (value of the ``rank0_env`` macro)
+RANK0_ENV = "SHIPYARD_RANK0_HOST"
+
+# Records the exit code of the command; trapping TERM/INT/HUP keeps the wrapper alive to do so
+# while the command itself gets the default dispositions (traps are reset on exec). The shell's
+# own stderr goes to /dev/null so that its "Terminated" notices never reach the replica's log.
+_WRAPPER = 'trap : TERM INT HUP; exec 3>&2 2>/dev/null; (exec "$@" 2>&3 3>&-); echo $? > "$0"'
+_SH = "/bin/sh"
+
+_APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
+_HOSTNAME = "localhost"
+_CHUNK = 1 << 20
+
+
+def state_dir() -> str:
+    """The directory holding the local apps' state directories (see the module docstring)."""
+    return rt.apps_root()
+
+
+class SignalException(Exception):
+    """Raised when the process that created a :class:`LocalScheduler` gets SIGTERM or SIGINT
+    (after the apps it launched were terminated)."""
+
+    def __init__(self, msg: str, sigval: signal.Signals) -> None:
+        super().__init__(msg)
+        self.sigval = sigval
+
+
+# --------------------------------------------------------------------------------------------
+# requests
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplicaParam:
+    """What ``LocalScheduler`` passes to ``subprocess.Popen`` for one replica.
+
+    ``env`` holds only what the replica adds to the submitting process's environment.
+    ``stdout``/``stderr``/``combined`` are the replica's log files.
+    """
+
+    args: list[str]
+    env: dict[str, str]
+    stdout: str | None = None
+    stderr: str | None = None
+    combined: str | None = None
+    cwd: str | None = None
+
+
+@dataclass
+class PopenRequest:
+    """Parameters to start every replica of every role of an app.
+
+    ``log_dir`` is the app's log directory, ``role_log_dirs[role][k]`` replica k's.
+    """
+
+    app_id: str
+    log_dir: str
+    role_params: dict[str, list[ReplicaParam]]
+    role_log_dirs: dict[str, list[str]]
+    app_name: str = ""
+    roles: list[Role] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    backend: str = "local_cwd"
+    session_name: str = ""
+
+
+def _format_request(req: PopenRequest) -> str:
+    lines = [f"app_id: {req.app_id}", f"log_dir: {req.log_dir}"]
+    for role, params in req.role_params.items():
+        for k, p in enumerate(params):
+            lines.append(f"{role}/{k}: cwd={p.cwd}")
+            lines.append(f"  args: {' '.join(_quote(a) for a in p.args)}")
+            for key, val in sorted(p.env.items()):
+                lines.append(f"  env: {key}={val}")
+            lines.append(f"  stdout: {p.stdout}")
+            lines.append(f"  stderr: {p.stderr}")
+            lines.append(f"  combined: {p.combined}")
+    return "\n".join(lines)
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+# --------------------------------------------------------------------------------------------
+# image providers
+# --------------------------------------------------------------------------------------------
+
+
+class ImageProvider(abc.ABC):
+    """Sets up a role's image on this host (only the local scheduler needs this)."""
+
+    @abc.abstractmethod
+    def fetch(self, image: str) -> str:
+        """Fetches ``image``; returns the path of its root on this host ('' if no-op)."""
+
+    def fetch_role(self, role: Role) -> str:
+        """Like :meth:`fetch` for the role's image; may update the role. Default: ``fetch``."""
+        return self.fetch(role.image)
+
+    def get_cwd(self, image: str) -> str | None:
+        """The working directory of the replicas (None: the submitting process's cwd)."""
+        return image
+
+    def get_entrypoint(self, img_root: str, role: Role) -> str:
+        """Where the role's entrypoint is."""
+        return role.entrypoint
+
+    def get_replica_param(
+        self,
+        img_root: str,
+        role: Role,
+        stdout: str | None = None,
+        stderr: str | None = None,
+        combined: str | None = None,
+    ) -> ReplicaParam:
+        """The :class:`ReplicaParam` of one replica of ``role`` (macros already applied).
+
+        ``img_root`` is what :meth:`fetch` returned for the role's image.
+        """
+        args = [self.get_entrypoint(img_root, role), *role.args]
+        return ReplicaParam(
+            args=args,
+            env=dict(role.env),
+            stdout=stdout,
+            stderr=stderr,
+            combined=combined,
+            cwd=self.get_cwd(img_root),
+        )
+
+
+class CWDImageProvider(ImageProvider):
+    """Ignores the image and uses the current working directory as the image root.
+
+    ``fetch("/tmp/foobar")`` and ``fetch("foobar:latest")`` both return ``os.getcwd()``.
+    """
+
+    def __init__(self, cfg: LocalOpts) -> None:
+        self._cfg = cfg
+
+    def fetch(self, image: str) -> str:
+        return os.getcwd()
+
+    def get_cwd(self, image: str) -> str | None:
+        return os.getcwd()
+
+    def get_entrypoint(self, img_root: str, role: Role) -> str:
+        return role.entrypoint
+
+
+class LocalDirectoryImageProvider(ImageProvider):
+    """Interprets the image as the path of a directory on this host; fetches nothing.
+
+    The image must be an absolute path of an existing directory; the replicas run in it. A
+    relative entrypoint is resolved against the image directory (a bare command name that is
+    not there is looked up on ``PATH``); an absolute entrypoint runs as given.
+    """
+
+    def __init__(self, cfg: LocalOpts) -> None:
+        self._cfg = cfg
+
+    def fetch(self, image: str) -> str:
+        """Returns ``image``.
+
+        Raises:
+            ValueError: if ``image`` is not an absolute path of an existing directory.
+        """
+        if not isinstance(image, str) or not os.path.isabs(image):
+            raise ValueError(
+                f"image: local_dir expects the absolute path of a directory, got {image!r}"
+            )
+        if not os.path.isdir(image):
+            raise ValueError(f"image: {image!r} does not exist or is not a directory")
+        return image
+
+    def get_cwd(self, image: str) -> str | None:
+        return image
+
+    def get_entrypoint(self, img_root: str, role: Role) -> str:
+        entrypoint = role.entrypoint
+        if os.path.isabs(entrypoint):
+            return entrypoint
+        candidate = os.path.join(img_root, entrypoint)
+        if os.sep in entrypoint or os.path.exists(candidate):
+            return candidate
+        return entrypoint
+
+
+# --------------------------------------------------------------------------------------------
+# process-wide helpers: reaping our children, signal handling, collector launching
+# --------------------------------------------------------------------------------------------
+
+
+class _Reaper:
+    """Reaps the replica wrappers this process started, as soon as they exit (one thread).
+
+    A wrapper killed by a signal could not record its exit code: the reaper records it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: dict[int, tuple[subprocess.Popen[bytes], str | None, int]] = {}
+        self._new: queue.SimpleQueue[tuple[subprocess.Popen[bytes], str | None, int]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._rfd = self._wfd = -1
+
+    def add(self, proc: subprocess.Popen[bytes], app_dir: str | None = None, g: int = -1) -> None:
+        self._new.put((proc, app_dir, g))
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._rfd, self._wfd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                self._thread = threading.Thread(
+                    target=self._run, name="shipyard-local-reaper", daemon=True
+                )
+                self._thread.start()
+            wfd = self._wfd
+        try:
+            os.write(wfd, b"x")
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        import select
+
+        poller = select.poll()
+        poller.register(self._rfd, select.POLLIN)
+        by_fd: dict[int, int] = {}
+        use_pidfd = hasattr(os, "pidfd_open")
+        while True:
+            while True:
+                try:
+                    proc, app_dir, g = self._new.get_nowait()
+                except queue.Empty:
+                    break
+                self._procs[proc.pid] = (proc, app_dir, g)
+                if use_pidfd:
+                    try:
+                        pfd = os.pidfd_open(proc.pid)
+                    except OSError:
+                        use_pidfd = False
+                    else:
+                        by_fd[pfd] = proc.pid
+                        poller.register(pfd, select.POLLIN)
+            timeout = None if use_pidfd else 50
+            if not self._procs:
+                timeout = None
+            try:
+                events = poller.poll(timeout)
+            except InterruptedError:
+                continue
+            for fd, _ in events:
+                if fd == self._rfd:
+                    try:
+                        os.read(self._rfd, 4096)
+                    except OSError:
+                        pass
+                    continue
+                pid = by_fd.pop(fd, None)
+                poller.unregister(fd)
+                os.close(fd)
+                if pid is not None:
+                    self._reap(pid)
+            if not use_pidfd:
+                for pid in list(self._procs):
+                    self._reap(pid)
+
+    def _reap(self, pid: int) -> None:
+        item = self._procs.get(pid)
+        if item is None:
+            return
+        proc, app_dir, g = item
+        code = proc.poll()
+        if code is None:
+            return
+        del self._procs[pid]
+        if app_dir is not None and code < 0:
+            rt.record_exit(app_dir, g, code)
+
+    def after_fork(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+_REAPER = _Reaper()
+
+
+class _Launcher:
+    """Starts the per-app log collectors off the submit path (one background thread)."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[tuple[str, float] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+
+    def submit(self, app_dir: str, grace: float) -> None:
+        with self._lock:
+            self._pending += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="shipyard-local-launcher", daemon=True
+                )
+                self._thread.start()
+        self._q.put((app_dir, grace))
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            try:
+                spawn_collector(*item)
+            except Exception:
+                log.warning("could not start the log collector of %s", item[0], exc_info=True)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Waits until every queued collector was started (called at exit)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending and time.monotonic() < deadline:
+                self._idle.wait(0.05)
+
+    def after_fork(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+_LAUNCHER = _Launcher()
+atexit.register(_LAUNCHER.flush)
+
+
+def _after_fork() -> None:
+    _REAPER.after_fork()
+    _LAUNCHER.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def spawn_collector(app_dir: str, grace: float = DEFAULT_GRACE) -> None:
+    """Starts the log collector of one app (it exits at once if another one runs)."""
+    python = sys.executable or shutil.which("python3") or "python3"
+    proc = subprocess.Popen(
+        [python, "-S", "-I", rt.__file__, "collect", app_dir, repr(float(grace))],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    _REAPER.add(proc)
+
+
+class _SignalHandlers:
+    """SIGTERM/SIGINT handlers shared by the schedulers created in the main thread."""
+
+    def __init__(self) -> None:
+        self._schedulers: weakref.WeakSet[LocalScheduler] = weakref.WeakSet()
+        self._previous: dict[int, Any] = {}
+
+    def register(self, sched: LocalScheduler) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._schedulers.add(sched)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig in self._previous:
+                continue
+            try:
+                current = signal.getsignal(sig)
+                if current is signal.SIG_IGN:
+                    continue  # respect an ignored signal (e.g. nohup)
+                signal.signal(sig, self._handle)
+            except (ValueError, OSError):  # not the main interpreter / thread
+                continue
+            self._previous[sig] = current
+
+    def unregister(self, sched: LocalScheduler) -> None:
+        self._schedulers.discard(sched)
+        if len(self._schedulers) or threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in list(self._previous.items()):
+            try:
+                if signal.getsignal(sig) == self._handle:
+                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+                    del self._previous[sig]
+            except (ValueError, OSError):
+                pass
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        log.info("received %s: terminating the local apps launched by this process", sig.name)
+        for sched in list(self._schedulers):
+            sched._terminate_launched()
+        previous = self._previous.get(signum)
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+        raise SignalException(f"terminating on {sig.name}", sig)
+
+
+_SIGNALS = _SignalHandlers()
+
+
+# --------------------------------------------------------------------------------------------
+# the scheduler
+# --------------------------------------------------------------------------------------------
+
+
+class LocalScheduler(Scheduler[PopenRequest]):
+    """Schedules apps as processes on this host (see the module docstring).
+
+    Args:
+        session_name: the session apps are submitted under
+        image_provider_class: makes the :class:`ImageProvider` from the cfg
+        cache_size: how many finished apps are kept in the state directory (the oldest finished
+            ones are removed beyond that)
+        extra_paths: directories prepended to the replicas' ``PATH``
+        backend: the registered scheduler name (``local_cwd`` or ``local_dir``)
+        grace: seconds between SIGTERM and SIGKILL when terminating replicas
+    """
+
+    def __init__(
+        self,
+        session_name: str,
+        image_provider_class: Callable[[LocalOpts], ImageProvider],
+        cache_size: int = 100,
+        extra_paths: list[str] | None = None,
+        backend: str = "local_cwd",
+        grace: float = DEFAULT_GRACE,
+    ) -> None:
+        super().__init__(backend, session_name)
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size <= 0:
+            raise ValueError(f"cache_size: expected a positive integer, got {cache_size!r}")
+        if extra_paths is not None and (
+            not isinstance(extra_paths, list) or not all(isinstance(p, str) for p in extra_paths)
+        ):
+            raise ValueError(f"extra_paths: expected a list of directories, got {extra_paths!r}")
+        self._image_provider_class = image_provider_class
+        self._cache_size = cache_size
+        self._extra_paths = list(extra_paths or [])
+        self._grace = float(grace)
+        # re-entrant: the signal handler runs in the main thread, maybe while it holds the lock
+        self._lock = threading.RLock()
+        self._summaries: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._finished: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # apps launched by this instance and not yet seen terminal: app_id -> app_dir
+        self._launched: dict[str, str] = {}
+        self._inflight: dict[str, list[tuple[int, float]]] = {}
+        self._cancel_locks: dict[str, threading.Lock] = {}
+        self._submits = 0
+        self._devnull = -1
+        self._closed = False
+        _SIGNALS.register(self)
+
+    # -- options -----------------------------------------------------------------------------
+
+    def _run_opts(self) -> runopts:
+        opts = runopts()
+        opts.add("log_dir", type_=str, help="dir to write stdout/stderr log files of replicas")
+        opts.add(
+            "prepend_cwd",
+            type_=bool,
+            default=False,
+            help="if set, prepends CWD to replica's PATH env var making any binaries in CWD"
+            " take precedence over those in PATH",
+        )
+        opts.add(
+            "auto_set_cuda_visible_devices",
+            type_=bool,
+            default=False,
+            help="sets the `CUDA_AVAILABLE_DEVICES` for roles that request GPU resources. Each"
+            " role replica will be assigned one GPU. Does nothing if the device count is less"
+            " than replicas.",
+        )
+        return opts
+
+    # -- dry run -----------------------------------------------------------------------------
+
+    def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
+        log_dir = cfg.get("log_dir")
+        if log_dir is not None and (not isinstance(log_dir, str) or not log_dir.strip()):
+            raise ValueError(f"cfg.log_dir: expected a directory path, got {log_dir!r}")
+
+    def _new_app_id(self, name: str) -> str:
+        suffix = "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(10))
+        return f"{name}-{suffix}"
+
+    def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[PopenRequest]:
+        app_id = self._new_app_id(app.name)
+        app_dir = os.path.join(rt.apps_root(), app_id)
+        log_root = cfg.get("log_dir")
+        log_dir = (
+            os.path.join(os.path.abspath(os.path.expanduser(log_root)), app_id)
+            if isinstance(log_root, str)
+            else app_dir
+        )
+        provider = self._image_provider_class(cfg)
+        role_params: dict[str, list[ReplicaParam]] = {}
+        role_log_dirs: dict[str, list[str]] = {}
+        base_path = os.environ.get("PATH", os.defpath)
+        for i, role in enumerate(app.roles):
+            img_root = provider.fetch_role(role)
+            params: list[ReplicaParam] = []
+            dirs: list[str] = []
+            for k in range(role.num_replicas):
+                values = macros.Values(
+                    img_root=img_root, app_id=app_id, replica_id=str(k), rank0_env=RANK0_ENV
+                )
+                replica_role = values.apply(role)
+                replica_dir = os.path.join(log_dir, role.name, str(k))
+                param = provider.get_replica_param(
+                    img_root,
+                    replica_role,
+                    stdout=os.path.join(replica_dir, "stdout.log"),
+                    stderr=os.path.join(replica_dir, "stderr.log"),
+                    combined=os.path.join(replica_dir, "combined.log"),
+                )
+                cwd = param.cwd or os.getcwd()
+                path = param.env.get("PATH", base_path)
+                prefix = list(self._extra_paths)
+                if cfg.get("prepend_cwd"):
+                    prefix.insert(0, cwd)
+                if prefix:
+                    path = os.pathsep.join([*prefix, path]) if path else os.pathsep.join(prefix)
+                    param.env["PATH"] = path
+                param.env.update(
+                    {
+                        "SHIPYARD_APP_ID": app_id,
+                        "SHIPYARD_APP_NAME": app.name,
+                        "SHIPYARD_ROLE_NAME": role.name,
+                        "SHIPYARD_REPLICA_ID": str(k),
+                        "SHIPYARD_NUM_REPLICAS": str(role.num_replicas),
+                        RANK0_ENV: _HOSTNAME,
+                    }
+                )
+                param.args[0] = self._resolve_entrypoint(param.args[0], cwd, path, i)
+                params.append(param)
+                dirs.append(replica_dir)
+            role_params[role.name] = params
+            role_log_dirs[role.name] = dirs
+        if cfg.get("auto_set_cuda_visible_devices"):
+            self._auto_set_cuda_visible_devices(role_params, app)
+        request = PopenRequest(
+            app_id=app_id,
+            log_dir=log_dir,
+            role_params=role_params,
+            role_log_dirs=role_log_dirs,
+            app_name=app.name,
+            roles=list(app.roles),
+            metadata=dict(app.metadata),
+            backend=self.backend,
+            session_name=self.session_name,
+        )
+        return AppDryRunInfo(request, _format_request)
+
+    @staticmethod
+    def _resolve_entrypoint(entrypoint: str, cwd: str, path: str, i: int) -> str:
+        """An absolute path for a command found on PATH (so the shell wrapper never runs a
+        shell builtin of the same name); checks that the entrypoint exists."""
+        if os.sep in entrypoint:
+            full = entrypoint if os.path.isabs(entrypoint) else os.path.join(cwd, entrypoint)
+            if not os.path.isfile(full):
+                raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} does not exist")
+            if not os.access(full, os.X_OK):
+                raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} is not executable")
+            return entrypoint
+        found = shutil.which(entrypoint, path=path)
+        if found is None:
+            raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} was not found on PATH")
+        return os.path.abspath(found)
+
+    def _get_gpu_device_count(self) -> int:
+        """Number of GPUs on this host (``nvidia-smi -L``), 0 if none can be found."""
+        smi = shutil.which("nvidia-smi")
+        if not smi:
+            return 0
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return 0
+        if out.returncode != 0:
+            return 0
+        return sum(1 for line in out.stdout.splitlines() if line.strip().startswith("GPU"))
+
+    def _auto_set_cuda_visible_devices(
+        self, role_params: dict[str, list[ReplicaParam]], app: AppDef
+    ) -> None:
+        """One GPU per replica of every role that asks for GPUs, if there are enough."""
+        gpu_roles = [r for r in app.roles if r.resource.gpu > 0]
+        needed = sum(r.num_replicas for r in gpu_roles)
+        if not needed:
+            return
+        count = self._get_gpu_device_count()
+        if count < needed:
+            log.warning(
+                "auto_set_cuda_visible_devices: %d replicas ask for GPUs but %d GPUs were found;"
+                " CUDA_VISIBLE_DEVICES is not set",
+                needed,
+                count,
+            )
+            return
+        device = 0
+        for role in gpu_roles:
+            for param in role_params[role.name]:
+                param.env["CUDA_VISIBLE_DEVICES"] = str(device)
+                device += 1
+
+    # -- schedule ----------------------------------------------------------------------------
+
+    def schedule(self, dryrun_info: AppDryRunInfo[PopenRequest]) -> str:
+        """Starts every replica and returns the app id (the processes run when it returns)."""
+        request = dryrun_info.request
+        app_id = request.app_id
+        _check_app_id(app_id)
+        app_dir = os.path.join(rt.apps_root(), app_id)
+        os.makedirs(rt.apps_root(), exist_ok=True)
+        try:
+            os.mkdir(app_dir, 0o700)
+        except FileExistsError:
+            raise ValueError(f"app_id: {app_id} was already submitted") from None
+        base_env = dict(os.environ)
+        if self._devnull < 0:
+            self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        replicas: list[dict[str, Any]] = []
+        started: list[tuple[int, float]] = []
+        procs: list[subprocess.Popen[bytes]] = []
+        with self._lock:
+            self._inflight[app_id] = started
+        try:
+            g = 0
+            for role_index, (role_name, params) in enumerate(request.role_params.items()):
+                for k, param in enumerate(params):
+                    replica_dir = request.role_log_dirs[role_name][k]
+                    os.makedirs(replica_dir, exist_ok=True)
+                    out_fd = _open_log(param.stdout or os.path.join(replica_dir, "stdout.log"))
+                    try:
+                        err_fd = _open_log(param.stderr or os.path.join(replica_dir, "stderr.log"))
+                        try:
+                            spawned = time.time()
+                            proc = subprocess.Popen(
+                                [_SH, "-c", _WRAPPER, os.path.join(app_dir, f"exit.{g}")]
+                                + param.args,
+                                stdin=self._devnull,
+                                stdout=out_fd,
+                                stderr=err_fd,
+                                cwd=param.cwd,
+                                env={**base_env, **param.env},
+                                start_new_session=True,
+                            )
+                        finally:
+                            os.close(err_fd)
+                    finally:
+                        os.close(out_fd)
+                    started.append((proc.pid, spawned))
+                    procs.append(proc)
+                    replicas.append(
+                        {
+                            "role": role_name,
+                            "ri": role_index,
+                            "k": k,
+                            "pid": proc.pid,
+                            "t": spawned,
+                            "log_dir": replica_dir,
+                        }
+                    )
+                    g += 1
+            summary = {
+                "v": 1,
+                "app_id": app_id,
+                "name": request.app_name or app_id.rsplit("-", 1)[0],
+                "backend": request.backend,
+                "session": request.session_name,
+                "submit_time": time.time(),
+                "key": request.metadata.get(IDEMPOTENCY_KEY),
+                "host": _HOSTNAME,
+                "log_dir": request.log_dir,
+                "roles": [_role_to_json(r) for r in request.roles]
+                or [
+                    {"name": name, "num_replicas": len(params)}
+                    for name, params in request.role_params.items()
+                ],
+                "replicas": replicas,
+            }
+            rt.write_atomic(os.path.join(app_dir, rt.APP_FILE), json.dumps(summary))
+        except BaseException:
+            # a failure half-way (or a signal): nothing that was started may be left behind
+            partial = {"replicas": [{"pid": p, "t": t} for p, t in started]}
+            rt.terminate(app_dir, partial, grace=self._grace)
+            for proc in procs:
+                _REAPER.add(proc)
+            with self._lock:
+                self._inflight.pop(app_id, None)
+            shutil.rmtree(app_dir, ignore_errors=True)
+            raise
+        for g, proc in enumerate(procs):
+            _REAPER.add(proc, app_dir, g)
+        key = request.metadata.get(IDEMPOTENCY_KEY)
+        if key:
+            _write_key(key, app_id)
+        with self._lock:
+            self._inflight.pop(app_id, None)
+            self._launched[app_id] = app_dir
+            self._remember(app_id, summary)
+            self._submits += 1
+            housekeeping = self._submits % 16 == 1
+        _LAUNCHER.submit(app_dir, self._grace)
+        if housekeeping:
+            threading.Thread(target=self._housekeeping, daemon=True).start()
+        return app_id
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _remember(self, app_id: str, summary: dict[str, Any]) -> None:
+        self._summaries[app_id] = summary
+        self._summaries.move_to_end(app_id)
+        while len(self._summaries) > self._cache_size:
+            self._summaries.popitem(last=False)
+
+    def _summary(self, app_id: str) -> tuple[str, dict[str, Any]] | None:
+        if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
+            return None
+        app_dir = os.path.join(rt.apps_root(), app_id)
+        with self._lock:
+            summary = self._summaries.get(app_id)
+        if summary is None:
+            summary = rt.load_summary(app_dir)
+            if summary is None:
+                return None
+            with self._lock:
+                self._remember(app_id, summary)
+        return app_dir, summary
+
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        """The app's state and every replica's status; None if there is no such app."""
+        with self._lock:
+            final = self._finished.get(app_id)
+        found = self._summary(app_id)
+        if found is None:
+            return None
+        app_dir, summary = found
+        if final is not None:
+            if os.path.isdir(app_dir):
+                return _response(app_id, summary, final)
+            with self._lock:
+                self._finished.pop(app_id, None)
+            return None
+        obs = rt.observe(app_dir, summary)
+        if obs is None:
+            with self._lock:
+                self._summaries.pop(app_id, None)
+            return None
+        if obs.done is not None:
+            final = obs.done
+        else:
+            rt.enforce(app_dir, summary, obs, self._grace)
+            final = _final_state(summary, obs)
+            if final is None:
+                return _response(app_id, summary, _running_state(summary, obs))
+            rt.write_atomic(os.path.join(app_dir, rt.DONE), json.dumps(final))
+        with self._lock:
+            self._finished[app_id] = final
+            self._finished.move_to_end(app_id)
+            while len(self._finished) > self._cache_size:
+                self._finished.popitem(last=False)
+            self._launched.pop(app_id, None)
+        return _response(app_id, summary, final)
+
+    def exists(self, app_id: str) -> bool:
+        """True if an app with this id is in the state directory."""
+        if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
+            return False
+        return os.path.exists(os.path.join(rt.apps_root(), app_id, rt.APP_FILE))
+
+    def list(self) -> list[ListAppResponse]:
+        """The local apps of this backend in the state directory, newest first."""
+        root = rt.apps_root()
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return []
+        found: list[tuple[float, str]] = []
+        for name in names:
+            if not _APP_ID_RE.match(name):
+                continue
+            summary = rt.load_summary(os.path.join(root, name))
+            if summary is None or summary.get("backend", self.backend) != self.backend:
+                continue
+            found.append((float(summary.get("submit_time") or 0), name))
+        found.sort(reverse=True)
+        out = []
+        for _, app_id in found:
+            desc = self.describe(app_id)
+            if desc is not None:
+                out.append(ListAppResponse(app_id=app_id, state=desc.state))
+        return out
+
+    def find_by_idempotency_key(self, key: str) -> str | None:
+        """The newest app submitted with ``key`` (any process), or None."""
+        app_id = rt.read_text(_key_path(key))
+        if app_id is None:
+            return None
+        app_id = app_id.strip()
+        found = self._summary(app_id)
+        if found is None or found[1].get("key") != key:
+            return None
+        return app_id
+
+    # -- logs --------------------------------------------------------------------------------
+
+    def log_iter(
+        self,
+        app_id: str,
+        role_name: str,
+        k: int = 0,
+        regex: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        should_tail: bool = False,
+        streams: Stream | None = None,
+    ) -> Iterable[str]:
+        """Log lines of replica ``k`` of ``role_name`` (default stream: combined).
+
+        ``since``/``until`` select lines by the time the collector saw them (to within a few
+        tens of milliseconds). With ``should_tail`` the iterator follows the output until the app
+        is terminal and every line was read. A partial last line is held back until its
+        newline arrives or the replica ended (then it is returned without ``\\n``).
+
+        Raises:
+            ValueError: unknown app, role or replica, or an unsupported stream.
+        """
+        stream = check_stream(streams, list(Stream))
+        found = self._summary(app_id)
+        if found is None:
+            raise ValueError(f"app_id: no local app {app_id!r} in {rt.apps_root()}")
+        app_dir, summary = found
+        g = _replica_index(summary, role_name, k)
+        if g is None:
+            roles = [r["name"] for r in summary["roles"]]
+            raise ValueError(
+                f"role/replica: app {app_id} has no replica {k} of role {role_name!r}"
+                f" (roles: {roles})"
+            )
+        rep = summary["replicas"][g]
+        path = os.path.join(rep["log_dir"], f"{stream.value}.log")
+        return LogIterator(
+            app_id,
+            regex or "",
+            path,
+            self,
+            should_tail=should_tail,
+            since=since,
+            until=until,
+            stream=stream,
+            replica=g,
+            app_dir=app_dir,
+        )
+
+    def _app_terminal(self, app_id: str) -> bool:
+        desc = self.describe(app_id)
+        return desc is None or is_terminal(desc.state)
+
+    # -- cancel ------------------------------------------------------------------------------
+
+    def _cancel_existing(self, app_id: str) -> None:
+        found = self._summary(app_id)
+        if found is None:
+            return
+        app_dir, summary = found
+        with self._lock:
+            lock = self._cancel_locks.setdefault(app_id, threading.Lock())
+        with lock:
+            desc = self.describe(app_id)
+            if desc is None or is_terminal(desc.state):
+                return
+            rt.create_exclusive(os.path.join(app_dir, rt.CANCELLED), json.dumps(time.time()))
+            rt.terminate(app_dir, summary, grace=self._grace)
+            self.describe(app_id)
+        with self._lock:
+            self._cancel_locks.pop(app_id, None)
+
+    def _terminate_launched(self) -> None:
+        """Terminates every app this instance launched that still runs (signal handler)."""
+        with self._lock:
+            launched = dict(self._launched)
+            inflight = {a: list(s) for a, s in self._inflight.items()}
+        for app_id, started in inflight.items():
+            app_dir = os.path.join(rt.apps_root(), app_id)
+            rt.terminate(app_dir, {"replicas": [{"pid": p, "t": t} for p, t in started]})
+        for app_id in launched:
+            try:
+                self.cancel(app_id)
+            except Exception:
+                log.warning("could not terminate %s", app_id, exc_info=True)
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def _housekeeping(self) -> None:
+        """Removes the oldest finished apps beyond ``cache_size``; drops stale bookkeeping."""
+        try:
+            self._evict()
+        except Exception:
+            log.debug("local scheduler housekeeping failed", exc_info=True)
+
+    def _evict(self) -> None:
+        root = rt.apps_root()
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return
+        finished: list[tuple[float, str]] = []
+        for name in names:
+            if not _APP_ID_RE.match(name):
+                continue
+            try:
+                finished.append((os.stat(os.path.join(root, name, rt.DONE)).st_mtime, name))
+            except FileNotFoundError:
+                continue
+        excess = len(finished) - self._cache_size
+        if excess <= 0:
+            return
+        finished.sort()
+        for _, name in finished[:excess]:
+            app_dir = os.path.join(root, name)
+            if not os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)) and rt.collector_alive(
+                app_dir
+            ):
+                continue
+            shutil.rmtree(app_dir, ignore_errors=True)
+            with self._lock:
+                self._summaries.pop(name, None)
+                self._finished.pop(name, None)
+
+    def close(self) -> None:
+        """Releases what this instance holds (caches, signal handlers). Apps keep running."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            _SIGNALS.unregister(self)
+        except Exception:
+            pass
+        with self._lock:
+            self._summaries.clear()
+            self._finished.clear()
+            self._launched.clear()
+        if self._devnull >= 0:
+            try:
+                os.close(self._devnull)
+            except OSError:
+                pass
+            self._devnull = -1
+
+
+# --------------------------------------------------------------------------------------------
+# describe helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _check_app_id(app_id: str) -> None:
+    if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
+        raise ValueError(f"app_id: expected letters, digits, '_', '.', '-', got {app_id!r}")
+
+
+def _open_log(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+
+def _key_path(key: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return os.path.join(rt.apps_root(), ".keys", digest)
+
+
+def _write_key(key: str, app_id: str) -> None:
+    path = _key_path(key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rt.write_atomic(path, app_id)
+
+
+def _role_to_json(role: Role) -> dict[str, Any]:
+    return {
+        "name": role.name,
+        "image": role.image,
+        "entrypoint": role.entrypoint,
+        "args": list(role.args),
+        "env": dict(role.env),
+        "num_replicas": role.num_replicas,
+    }
+
+
+def _replica_index(summary: dict[str, Any], role_name: str, k: int) -> int | None:
+    for g, rep in enumerate(summary["replicas"]):
+        if rep["role"] == role_name and rep["k"] == k:
+            return g
+    return None
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def _describe_code(code: int | str | None) -> str:
+    if code == rt.LOST:
+        return "ended without recording an exit code (its wrapper was killed)"
+    if isinstance(code, int) and code < 0:
+        return f"was killed by signal {-code} ({_signal_name(-code)})"
+    return f"exited with code {code}"
+
+
+def _replica_state(code: int | str | None, cancelled: bool) -> AppState:
+    if code is None:
+        return AppState.RUNNING
+    if code == 0:
+        return AppState.SUCCEEDED
+    return AppState.CANCELLED if cancelled else AppState.FAILED
+
+
+def _running_state(summary: dict[str, Any], obs: rt.Observation) -> dict[str, Any]:
+    return {
+        "state": AppState.RUNNING.name,
+        "codes": obs.codes,
+        "states": [_replica_state(c, obs.cancelled).name for c in obs.codes],
+        "msg": "",
+    }
+
+
+def _final_state(summary: dict[str, Any], obs: rt.Observation) -> dict[str, Any] | None:
+    """The final state of an app whose replicas all ended, else None."""
+    if obs.running:
+        return None
+    states = [_replica_state(c, obs.cancelled) for c in obs.codes]
+    failed = obs.failed
+    if obs.cancelled:
+        state, msg = AppState.CANCELLED, "cancelled"
+    elif failed:
+        first = failed[0]
+        gang = rt.read_text(os.path.join(rt.apps_root(), summary["app_id"], rt.GANG))
+        if gang:
+            try:
+                first = int(json.loads(gang)["replica"])
+            except (ValueError, KeyError, TypeError):
+                pass
+        rep = summary["replicas"][first]
+        state = AppState.FAILED
+        msg = f"{rep['role']}/{rep['k']} {_describe_code(obs.codes[first])}"
+        others = len(failed) - 1
+        if others:
+            msg += f"; {others} other replica(s) did not succeed"
+    else:
+        state, msg = AppState.SUCCEEDED, ""
+    return {
+        "state": state.name,
+        "codes": obs.codes,
+        "states": [s.name for s in states],
+        "msg": msg,
+        "time": time.time(),
+    }
+
+
+def _response(app_id: str, summary: dict[str, Any], st: dict[str, Any]) -> DescribeAppResponse:
+    statuses: dict[str, RoleStatus] = {}
+    for rj in summary["roles"]:
+        statuses[rj["name"]] = RoleStatus(rj["name"], [])
+    codes = st["codes"]
+    states = st["states"]
+    host = summary.get("host") or _HOSTNAME
+    for g, rep in enumerate(summary["replicas"]):
+        code = codes[g]
+        rs = statuses.setdefault(rep["role"], RoleStatus(rep["role"], []))
+        rs.replicas.append(
+            ReplicaStatus(
+                id=rep["k"],
+                state=AppState[states[g]],
+                role=rep["role"],
+                hostname=host,
+                exit_code=code if isinstance(code, int) else None,
+                structured_error_msg=NONE
+                if code in (None, 0)
+                else f"{rep['role']}/{rep['k']} {_describe_code(code)}",
+            )
+        )
+    roles = [
+        Role(
+            name=rj["name"],
+            image=rj.get("image", ""),
+            entrypoint=rj.get("entrypoint", ""),
+            args=list(rj.get("args", [])),
+            env=dict(rj.get("env", {})),
+            num_replicas=rj.get("num_replicas", 1),
+        )
+        for rj in summary["roles"]
+    ]
+    return DescribeAppResponse(
+        app_id=app_id,
+        state=AppState[st["state"]],
+        num_restarts=0,
+        msg=st.get("msg") or NONE,
+        roles_statuses=list(statuses.values()),
+        roles=roles,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# log iteration
+# --------------------------------------------------------------------------------------------
+
+_OTHER_LINE_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _split(text: str) -> list[str]:
+    """Lines of ``text`` (which ends with ``\\n``), each keeping its ``\\n``; only ``\\n`` ends
+    a line (``\\r`` and other separators stay inside)."""
+    if _OTHER_LINE_BREAKS.search(text) is None:
+        return text.splitlines(keepends=True)
+    parts = text.split("\n")
+    parts.pop()
+    return [p + "\n" for p in parts]
+
+
+class LogIterator:
+    """Iterates over the lines of one replica's log file (see ``LocalScheduler.log_iter``).
+
+    Args:
+        app_id: the app
+        regex: keep only lines matching this (``re.search``); '' keeps every line
+        log_file: the log file to read
+        scheduler: the scheduler (used to learn when the app is terminal)
+        should_tail: follow the file until the app is terminal
+    """
+
+    def __init__(
+        self,
+        app_id: str,
+        regex: str,
+        log_file: str,
+        scheduler: Scheduler[Any],
+        should_tail: bool = True,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        stream: Stream | None = None,
+        replica: int | None = None,
+        app_dir: str | None = None,
+    ) -> None:
+        self._app_id = app_id
+        self._pattern = re.compile(regex) if regex else None
+        self._log_file = log_file
+        self._scheduler = scheduler
+        self._should_tail = should_tail
+        self._since = since.timestamp() if since is not None else None
+        self._until = until.timestamp() if until is not None else None
+        self._stream = stream or Stream.COMBINED
+        self._replica = replica
+        self._app_dir = app_dir or os.path.join(rt.apps_root(), app_id)
+        self._it: Iterator[str] | None = None
+        self._spawned = False
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain.from_iterable(self._blocks())
+
+    def __next__(self) -> str:
+        if self._it is None:
+            self._it = iter(self)
+        return next(self._it)
+
+    # -- completion ----------------------------------------------------------------------------
+
+    def _app_ended(self) -> bool:
+        sched = self._scheduler
+        if isinstance(sched, LocalScheduler):
+            return sched._app_terminal(self._app_id)
+        desc = sched.describe(self._app_id)
+        return desc is None or is_terminal(desc.state)
+
+    def _collected(self) -> bool:
+        """True once the collector consumed everything (taking over if it is gone)."""
+        done = os.path.join(self._app_dir, rt.LOGS_DONE)
+        if os.path.exists(done):
+            return True
+        if not self._app_ended():
+            self._ensure_collector()
+            return False
+        # the app ended: if no collector runs, finish its work here
+        rt.collect(self._app_dir, follow=False)
+        return os.path.exists(done) or not os.path.isdir(self._app_dir)
+
+    def _ensure_collector(self) -> None:
+        """Starts a collector for a running app whose collector is gone (e.g. the submitting
+        process was killed before it could start one). Once per iterator."""
+        if self._spawned:
+            return
+        try:
+            age = time.time() - os.stat(os.path.join(self._app_dir, rt.APP_FILE)).st_mtime
+        except FileNotFoundError:
+            return
+        if age < 2.0 or rt.collector_alive(self._app_dir):
+            return  # the submitting process starts the collector right after submit
+        self._spawned = True
+        spawn_collector(self._app_dir)
+
+    def _complete(self) -> bool:
+        """True when no more bytes will be appended to the file being read."""
+        if self._stream is Stream.COMBINED or self._since is not None or self._until is not None:
+            return self._collected()
+        return self._app_ended()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _blocks(self) -> Iterator[list[str]]:
+        if self._since is None and self._until is None:
+            if self._stream is Stream.COMBINED and not self._should_tail:
+                # a finished app's combined log is complete only once the collector is done
+                self._wait_collected()
+            yield from self._read_range(0, None, self._should_tail)
+        else:
+            yield from self._read_windowed()
+
+    def _wait_collected(self) -> None:
+        if not self._app_ended():
+            return
+        deadline = time.monotonic() + 30.0
+        delay = 0.001
+        while not self._collected() and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _filter(self, lines: list[str]) -> list[str]:
+        if self._pattern is None:
+            return lines
+        return list(filter(self._pattern.search, lines))
+
+    def _read_range(self, start: int, end: int | None, follow: bool) -> Iterator[list[str]]:
+        """Lines of bytes [start, end) of the file; with ``follow`` (and no end) waits for more
+        until :meth:`_complete`."""
+        try:
+            f = open(self._log_file, "rb", buffering=0)
+        except FileNotFoundError:
+            if not follow:
+                return
+            f = None
+        try:
+            pos = start
+            pending = b""
+            delay = 0.002
+            finishing = False
+            while True:
+                if f is None:
+                    try:
+                        f = open(self._log_file, "rb", buffering=0)
+                    except FileNotFoundError:
+                        f = None
+                chunk = b""
+                if f is not None:
+                    size = _CHUNK if end is None else min(_CHUNK, end - pos)
+                    if size > 0:
+                        f.seek(pos)
+                        chunk = f.read(size)
+                if chunk:
+                    pos += len(chunk)
+                    data = pending + chunk if pending else chunk
+                    cut = data.rfind(b"\n") + 1
+                    if cut:
+                        pending = data[cut:]
+                        lines = self._filter(_split(data[:cut].decode("utf-8", "replace")))
+                        if lines:
+                            yield lines
+                    else:
+                        pending = data
+                    delay = 0.002
+                    continue
+                if not follow or end is not None or finishing:
+                    break
+                if self._complete():
+                    finishing = True  # one more read: bytes may have landed meanwhile
+                    continue
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+            if pending:
+                lines = self._filter([pending.decode("utf-8", "replace")])
+                if lines:
+                    yield lines
+        finally:
+            if f is not None:
+                f.close()
+
+    def _read_windowed(self) -> Iterator[list[str]]:
+        """Lines whose arrival time (from the collector's index) is within [since, until]."""
+        col = {Stream.STDOUT: 1, Stream.STDERR: 2, Stream.COMBINED: 3}[self._stream]
+        index_path = os.path.join(self._app_dir, f"{rt.INDEX_PREFIX}{self._replica}")
+        since = self._since if self._since is not None else float("-inf")
+        until = self._until if self._until is not None else float("inf")
+        offset = 0
+        prev = 0
+        start: int | None = None  # start of the selected range not yet read
+        delay = 0.002
+        finishing = False
+        while True:
+            entries, offset = rt.read_index(index_path, offset)
+            for entry in entries:
+                t, off = entry[0], int(entry[col])
+                if t > until:
+                    if start is not None and prev > start:
+                        yield from self._read_range(start, prev, False)
+                    return
+                if t >= since:
+                    if start is None:
+                        start = prev
+                else:
+                    start = None
+                prev = off
+            if start is not None and prev > start:
+                yield from self._read_range(start, prev, False)
+                start = prev
+            if entries:
+                delay = 0.002
+                continue
+            if finishing:
+                break
+            complete = self._collected()
+            if complete:
+                finishing = True
+                continue
+            if not self._should_tail:
+                # still running: lines not indexed yet arrived just now
+                if until == float("inf") and time.time() >= since:
+                    yield from self._read_range(prev, None, False)
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# factories
+# --------------------------------------------------------------------------------------------
+
+
+def create_cwd_scheduler(session_name: str, **kwargs: Any) -> LocalScheduler:
+    """The ``local_cwd`` scheduler: replicas run in the current working directory."""
+    return LocalScheduler(
+        session_name=session_name,
+        image_provider_class=CWDImageProvider,
+        backend="local_cwd",
+        **kwargs,
+    )
+
+
+def create_scheduler(session_name: str, **kwargs: Any) -> LocalScheduler:
+    """The ``local_dir`` scheduler: each role's image is the directory its replicas run in."""
+    return LocalScheduler(
+        session_name=session_name,
+        image_provider_class=LocalDirectoryImageProvider,
+        backend="local_dir",
+        **kwargs,
+    )

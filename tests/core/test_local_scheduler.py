@@ -1,0 +1,479 @@
+"""The local scheduler (local_cwd, local_dir) with real processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from core.schedulers import get_scheduler_factories
+from core.schedulers.api import IDEMPOTENCY_KEY, Stream
+from core.schedulers.local_scheduler import (
+    CWDImageProvider,
+    LocalDirectoryImageProvider,
+    LocalScheduler,
+    LogIterator,
+    PopenRequest,
+    ReplicaParam,
+    create_cwd_scheduler,
+    create_scheduler,
+    state_dir,
+)
+from core.specs import AppDef, AppState, Resource, Role, is_terminal, macros
+
+PY = sys.executable
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def wait_terminal(sched: LocalScheduler, app_id: str, timeout: float = 30.0) -> AppState:
+    def check() -> AppState | None:
+        desc = sched.describe(app_id)
+        assert desc is not None
+        return desc.state if is_terminal(desc.state) else None
+
+    return wait_for(check, timeout, f"{app_id} to end")  # type: ignore[return-value]
+
+
+def sh(script: str, name: str = "r", n: int = 1, **kw: object) -> Role:
+    return Role(name, entrypoint="sh", args=["-c", script], num_replicas=n, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def sched() -> Iterator[LocalScheduler]:
+    s = create_cwd_scheduler("test", grace=2.0)
+    yield s
+    s.close()
+
+
+# -------------------------------------------------------------------------------- registration
+
+
+def test_registered_as_local_cwd_and_local_dir() -> None:
+    factories = get_scheduler_factories()
+    cwd = factories["local_cwd"]("s")
+    d = factories["local_dir"]("s")
+    try:
+        assert isinstance(cwd, LocalScheduler) and cwd.backend == "local_cwd"
+        assert isinstance(d, LocalScheduler) and d.backend == "local_dir"
+    finally:
+        cwd.close()
+        d.close()
+
+
+def test_run_opts_match_the_seed(sched: LocalScheduler) -> None:
+    opts = sched.run_opts()
+    assert {name for name, _ in opts} == {"log_dir", "prepend_cwd", "auto_set_cuda_visible_devices"}
+    assert opts.get("prepend_cwd").default is False  # type: ignore[union-attr]
+    assert opts.get("log_dir").default is None  # type: ignore[union-attr]
+
+
+def test_state_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SHIPYARD_STATE_DIR", str(tmp_path / "a"))
+    assert state_dir() == str(tmp_path / "a" / "local")
+    monkeypatch.delenv("SHIPYARD_STATE_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "x"))
+    assert state_dir() == str(tmp_path / "x" / "shipyard" / "local")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "h"))
+    assert state_dir() == str(tmp_path / "h" / ".local" / "state" / "shipyard" / "local")
+
+
+# -------------------------------------------------------------------------------- image providers
+
+
+def test_cwd_image_provider_ignores_the_image() -> None:
+    p = CWDImageProvider({})
+    assert p.fetch("/tmp/foobar") == os.getcwd()
+    assert p.fetch("foobar:latest") == os.getcwd()
+    assert p.get_cwd("whatever") == os.getcwd()
+
+
+def test_local_directory_image_provider(tmp_path: Path) -> None:
+    p = LocalDirectoryImageProvider({})
+    assert p.fetch(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(ValueError, match="absolute"):
+        p.fetch("foobar")
+    with pytest.raises(ValueError, match="does not exist"):
+        p.fetch(str(tmp_path / "does" / "not_exist"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        p.fetch(str(tmp_path / "file"))
+    role = Role("r", image=str(tmp_path), entrypoint="run.sh")
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    assert p.get_entrypoint(str(tmp_path), role) == str(tmp_path / "run.sh")
+    role.entrypoint = "/bin/echo"
+    assert p.get_entrypoint(str(tmp_path), role) == "/bin/echo"
+    param = p.get_replica_param(str(tmp_path), role, stdout="o", stderr="e", combined="c")
+    assert isinstance(param, ReplicaParam)
+    assert param.cwd == str(tmp_path) and param.args == ["/bin/echo"]
+    assert (param.stdout, param.stderr, param.combined) == ("o", "e", "c")
+
+
+# -------------------------------------------------------------------------------- dry run
+
+
+def test_dryrun_builds_a_popen_request(sched: LocalScheduler, tmp_path: Path) -> None:
+    app = AppDef(
+        "dry",
+        [
+            Role(
+                "trainer",
+                entrypoint="echo",
+                args=["id=" + macros.app_id, "r=" + macros.replica_id, macros.rank0_env],
+                env={"WHO": macros.replica_id},
+                num_replicas=2,
+            )
+        ],
+    )
+    info = sched.submit_dryrun(app, {"log_dir": str(tmp_path)})
+    req = info.request
+    assert isinstance(req, PopenRequest)
+    assert req.app_id.startswith("dry-")
+    assert req.log_dir == str(tmp_path / req.app_id)
+    params = req.role_params["trainer"]
+    assert len(params) == 2
+    assert params[1].args[0].endswith("/echo") and os.path.isabs(params[1].args[0])
+    assert params[1].args[1:] == [f"id={req.app_id}", "r=1", "SHIPYARD_RANK0_HOST"]
+    assert params[1].env["WHO"] == "1"
+    assert params[1].env["SHIPYARD_REPLICA_ID"] == "1"
+    assert params[1].stdout == str(tmp_path / req.app_id / "trainer" / "1" / "stdout.log")
+    assert req.role_log_dirs["trainer"][0] == str(tmp_path / req.app_id / "trainer" / "0")
+    text = str(info)
+    assert req.app_id in text and "trainer/1" in text
+    # nothing started, nothing written
+    assert not sched.exists(req.app_id)
+
+
+def test_missing_entrypoint_is_rejected_before_anything_starts(sched: LocalScheduler) -> None:
+    before = set(os.listdir(state_dir())) if os.path.isdir(state_dir()) else set()
+    app = AppDef("bad", [sh("true", "ok"), Role("b", entrypoint="no-such-binary-xyz")])
+    with pytest.raises(ValueError, match=r"roles\[1\]\.entrypoint"):
+        sched.submit(app, {})
+    after = set(os.listdir(state_dir())) if os.path.isdir(state_dir()) else set()
+    assert not {a for a in after - before if a.startswith("bad-")}
+
+
+def test_bad_cfg_is_rejected(sched: LocalScheduler) -> None:
+    with pytest.raises(ValueError, match="cfg.prepend_cwd"):
+        sched.submit_dryrun(AppDef("x", [sh("true")]), {"prepend_cwd": "maybe"})
+    with pytest.raises(ValueError, match="cfg: unknown option"):
+        sched.submit_dryrun(AppDef("x", [sh("true")]), {"nope": 1})
+
+
+# -------------------------------------------------------------------------------- running
+
+
+def test_multi_role_app_with_a_failing_replica(sched: LocalScheduler) -> None:
+    app = AppDef(
+        "multi",
+        [
+            sh('echo "w $SHIPYARD_REPLICA_ID"; exec sleep 30', "worker", 4),
+            sh(
+                'if [ "$SHIPYARD_REPLICA_ID" = 2 ]; then sleep 0.3; exit 3; fi; exec sleep 30',
+                "ps",
+                4,
+            ),
+        ],
+    )
+    app_id = sched.submit(app, {})
+    desc = sched.describe(app_id)
+    assert desc is not None
+    # every replica is listed from the moment submit returns
+    assert [(rs.role, [r.id for r in rs.replicas]) for rs in desc.roles_statuses] == [
+        ("worker", [0, 1, 2, 3]),
+        ("ps", [0, 1, 2, 3]),
+    ]
+    assert [r.name for r in desc.roles] == ["worker", "ps"]
+    assert wait_terminal(sched, app_id) == AppState.FAILED
+    desc = sched.describe(app_id)
+    assert desc is not None
+    assert "ps/2 exited with code 3" in desc.msg
+    codes = {(rs.role, r.id): r.exit_code for rs in desc.roles_statuses for r in rs.replicas}
+    assert codes[("ps", 2)] == 3
+    # gang semantics: the others were terminated
+    assert all(c == -15 for key, c in codes.items() if key != ("ps", 2))
+    assert list(sched.log_iter(app_id, "worker", 3)) == ["w 3\n"]
+
+
+def test_success_and_exit_codes(sched: LocalScheduler) -> None:
+    app_id = sched.submit(AppDef("ok", [sh("echo hi", "a", 2), sh("true", "b")]), {})
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    desc = sched.describe(app_id)
+    assert desc is not None and desc.msg in ("", "<NONE>")
+    assert all(
+        r.state == AppState.SUCCEEDED and r.exit_code == 0
+        for rs in desc.roles_statuses
+        for r in rs.replicas
+    )
+
+
+def test_replica_killed_by_signal_reports_negative_exit_code(sched: LocalScheduler) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    app_id = sched.submit(AppDef("sig", [Role("r", entrypoint=PY, args=["-c", code])]), {})
+    assert wait_terminal(sched, app_id) == AppState.FAILED
+    desc = sched.describe(app_id)
+    assert desc is not None
+    assert desc.roles_statuses[0].replicas[0].exit_code == -9
+    assert "signal 9" in desc.msg
+
+
+def test_replica_environment(sched: LocalScheduler, tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "mytool"
+    tool.write_text("#!/bin/sh\necho from-extra-path\n")
+    tool.chmod(0o755)
+    s = create_cwd_scheduler("env", extra_paths=[str(bindir)])
+    try:
+        script = (
+            'echo "$SHIPYARD_APP_ID $SHIPYARD_ROLE_NAME $SHIPYARD_REPLICA_ID'
+            ' $SHIPYARD_NUM_REPLICAS $SHIPYARD_RANK0_HOST $FOO"; mytool'
+        )
+        app = AppDef(
+            "envapp",
+            [
+                Role(
+                    "r",
+                    entrypoint="sh",
+                    args=["-c", script],
+                    env={"FOO": macros.replica_id},
+                    num_replicas=2,
+                )
+            ],
+        )
+        app_id = s.submit(app, {})
+        assert wait_terminal(s, app_id) == AppState.SUCCEEDED
+        assert list(s.log_iter(app_id, "r", 1)) == [
+            f"{app_id} r 1 2 localhost 1\n",
+            "from-extra-path\n",
+        ]
+    finally:
+        s.close()
+
+
+def test_prepend_cwd(
+    sched: LocalScheduler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tool = tmp_path / "only-in-cwd"
+    tool.write_text("#!/bin/sh\necho found-in-cwd\n")
+    tool.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    app = AppDef("pcwd", [Role("r", entrypoint="only-in-cwd")])
+    with pytest.raises(ValueError, match=r"roles\[0\]\.entrypoint"):
+        sched.submit(app, {})
+    app_id = sched.submit(app, {"prepend_cwd": True})
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    assert list(sched.log_iter(app_id, "r", 0)) == ["found-in-cwd\n"]
+
+
+def test_local_dir_runs_in_the_image_directory(tmp_path: Path) -> None:
+    (tmp_path / "run.sh").write_text('#!/bin/sh\necho "in $(pwd) img=$1"\n')
+    (tmp_path / "run.sh").chmod(0o755)
+    s = create_scheduler("dir")
+    try:
+        app = AppDef(
+            "dirapp", [Role("r", image=str(tmp_path), entrypoint="run.sh", args=[macros.img_root])]
+        )
+        app_id = s.submit(app, {})
+        assert wait_terminal(s, app_id) == AppState.SUCCEEDED
+        assert list(s.log_iter(app_id, "r", 0)) == [f"in {tmp_path} img={tmp_path}\n"]
+        with pytest.raises(ValueError, match="image"):
+            s.submit(AppDef("x", [Role("r", image="relative/dir", entrypoint="true")]), {})
+    finally:
+        s.close()
+
+
+def test_auto_set_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = create_cwd_scheduler("gpu")
+    try:
+        app = AppDef(
+            "gpu",
+            [
+                Role(
+                    "a", entrypoint="true", num_replicas=2, resource=Resource(cpu=1, gpu=1, memMB=1)
+                ),
+                Role("b", entrypoint="true", num_replicas=1),
+                Role(
+                    "c", entrypoint="true", num_replicas=1, resource=Resource(cpu=1, gpu=2, memMB=1)
+                ),
+            ],
+        )
+        cfg = {"auto_set_cuda_visible_devices": True}
+        # no GPU machine here: the device count is the only thing faked
+        monkeypatch.setattr(s, "_get_gpu_device_count", lambda: 3)
+        req = s.submit_dryrun(app, cfg).request
+        assert [p.env.get("CUDA_VISIBLE_DEVICES") for p in req.role_params["a"]] == ["0", "1"]
+        assert "CUDA_VISIBLE_DEVICES" not in req.role_params["b"][0].env
+        assert req.role_params["c"][0].env["CUDA_VISIBLE_DEVICES"] == "2"
+        monkeypatch.setattr(s, "_get_gpu_device_count", lambda: 2)
+        req = s.submit_dryrun(app, cfg).request
+        assert all(
+            "CUDA_VISIBLE_DEVICES" not in p.env for ps in req.role_params.values() for p in ps
+        )
+        monkeypatch.setattr(s, "_get_gpu_device_count", lambda: 8)
+        req = s.submit_dryrun(app, {}).request
+        assert all(
+            "CUDA_VISIBLE_DEVICES" not in p.env for ps in req.role_params.values() for p in ps
+        )
+    finally:
+        s.close()
+
+
+# -------------------------------------------------------------------------------- describe / list
+
+
+def test_unknown_app(sched: LocalScheduler) -> None:
+    assert sched.describe("no-such-app-123") is None
+    assert sched.describe("../etc") is None
+    assert not sched.exists("no-such-app-123")
+    with pytest.raises(ValueError, match="no local app"):
+        list(sched.log_iter("no-such-app-123", "r"))
+    sched.cancel("no-such-app-123")  # no error
+
+
+def test_list_and_idempotency_key(sched: LocalScheduler) -> None:
+    a = sched.submit(AppDef("lst", [sh("true")], {IDEMPOTENCY_KEY: "key-1"}), {})
+    b = sched.submit(AppDef("lst", [sh("sleep 30")], {IDEMPOTENCY_KEY: "key-2"}), {})
+    try:
+        ids = [r.app_id for r in sched.list()]
+        assert ids.index(b) < ids.index(a)
+        assert sched.find_by_idempotency_key("key-1") == a
+        assert sched.find_by_idempotency_key("key-2") == b
+        assert sched.find_by_idempotency_key("key-3") is None
+        states = {r.app_id: r.state for r in sched.list()}
+        assert states[b] == AppState.RUNNING
+    finally:
+        sched.cancel(b)
+
+
+# -------------------------------------------------------------------------------- logs
+
+
+def test_streams_and_whitespace(sched: LocalScheduler) -> None:
+    script = r"printf 'out1\n'; sleep 0.2; printf '  err1 \t\n' >&2; sleep 0.2; printf 'a\rb\n'; printf 'tail-no-newline'"
+    app_id = sched.submit(AppDef("streams", [sh(script)]), {})
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    assert list(sched.log_iter(app_id, "r", 0, streams=Stream.STDOUT)) == [
+        "out1\n",
+        "a\rb\n",
+        "tail-no-newline",
+    ]
+    assert list(sched.log_iter(app_id, "r", 0, streams=Stream.STDERR)) == ["  err1 \t\n"]
+    assert list(sched.log_iter(app_id, "r", 0, streams=Stream.COMBINED)) == [
+        "out1\n",
+        "  err1 \t\n",
+        "a\rb\n",
+        "tail-no-newline",
+    ]
+    assert list(sched.log_iter(app_id, "r", 0, regex="err|b$")) == ["  err1 \t\n", "a\rb\n"]
+    with pytest.raises(ValueError, match="streams"):
+        sched.log_iter(app_id, "r", 0, streams="bogus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no replica 5"):
+        sched.log_iter(app_id, "r", 5)
+    it = sched.log_iter(app_id, "r", 0)
+    assert isinstance(it, LogIterator)
+
+
+def test_should_tail_follows_until_the_app_ends(sched: LocalScheduler) -> None:
+    script = "for i in 1 2 3 4 5; do echo line $i; sleep 0.1; done; echo last"
+    app_id = sched.submit(AppDef("tail", [sh(script)]), {})
+    lines = list(sched.log_iter(app_id, "r", 0, should_tail=True))
+    assert lines == [f"line {i}\n" for i in range(1, 6)] + ["last\n"]
+    desc = sched.describe(app_id)
+    assert desc is not None and desc.state == AppState.SUCCEEDED
+
+
+def test_should_tail_holds_a_partial_line_until_its_newline(sched: LocalScheduler) -> None:
+    script = "printf 'par'; sleep 0.4; printf 'tial\\n'; sleep 0.2; printf 'x'"
+    app_id = sched.submit(AppDef("partial", [sh(script)]), {})
+    for stream in (Stream.STDOUT, Stream.COMBINED):
+        lines = list(sched.log_iter(app_id, "r", 0, should_tail=True, streams=stream))
+        assert lines == ["partial\n", "x"], stream
+
+
+def test_since_until(sched: LocalScheduler) -> None:
+    script = "echo early; sleep 1.5; echo late1; echo late2 >&2"
+    app_id = sched.submit(AppDef("window", [sh(script)]), {})
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    # the combined log is complete once the collector finished
+    all_lines = list(sched.log_iter(app_id, "r", 0, should_tail=True))
+    assert all_lines == ["early\n", "late1\n", "late2\n"]
+    desc_time = datetime.now()
+    index = Path(state_dir(), app_id, "idx.0").read_text().split("\n")[0]
+    first_seen = datetime.fromtimestamp(float(index.split()[0]))
+    middle = first_seen + timedelta(seconds=0.7)
+    assert list(sched.log_iter(app_id, "r", 0, since=middle)) == ["late1\n", "late2\n"]
+    assert list(sched.log_iter(app_id, "r", 0, until=middle)) == ["early\n"]
+    assert list(sched.log_iter(app_id, "r", 0, since=middle, streams=Stream.STDOUT)) == ["late1\n"]
+    assert list(sched.log_iter(app_id, "r", 0, since=desc_time)) == []
+    assert list(sched.log_iter(app_id, "r", 0, until=first_seen - timedelta(seconds=5))) == []
+
+
+def test_log_dir_option(sched: LocalScheduler, tmp_path: Path) -> None:
+    app_id = sched.submit(
+        AppDef("logdir", [sh("echo to-log-dir", "r", 2)]), {"log_dir": str(tmp_path)}
+    )
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    assert (tmp_path / app_id / "r" / "1" / "stdout.log").read_text() == "to-log-dir\n"
+    assert list(sched.log_iter(app_id, "r", 1)) == ["to-log-dir\n"]
+    wait_for(lambda: (tmp_path / app_id / "r" / "1" / "combined.log").exists(), what="combined.log")
+
+
+def test_large_log_is_read_completely_in_order(sched: LocalScheduler) -> None:
+    n = 200_000
+    code = f"import sys\nfor i in range({n}): sys.stdout.write(f'line {{i}} ' + 'x' * (i % 50) + '\\n')"
+    app_id = sched.submit(AppDef("big", [Role("r", entrypoint=PY, args=["-c", code])]), {})
+    tailed = list(sched.log_iter(app_id, "r", 0, should_tail=True))
+    assert len(tailed) == n
+    assert all(line == f"line {i} " + "x" * (i % 50) + "\n" for i, line in enumerate(tailed))
+    for stream in (Stream.STDOUT, Stream.COMBINED):
+        lines = list(sched.log_iter(app_id, "r", 0, streams=stream))
+        assert lines == tailed
+    matched = list(sched.log_iter(app_id, "r", 0, regex=r"^line \d*7 "))
+    assert matched == [line for line in tailed if line.split()[1].endswith("7")]
+    assert len(matched) == n // 10
+
+
+# -------------------------------------------------------------------------------- cancel
+
+
+def test_cancel(sched: LocalScheduler) -> None:
+    app_id = sched.submit(AppDef("cancel", [sh("echo started; sleep 60", "r", 3)]), {})
+    wait_for(lambda: list(sched.log_iter(app_id, "r", 2, streams=Stream.STDOUT)), what="output")
+    sched.cancel(app_id)
+    desc = sched.describe(app_id)
+    assert desc is not None and desc.state == AppState.CANCELLED
+    assert all(r.state == AppState.CANCELLED for r in desc.roles_statuses[0].replicas)
+    sched.cancel(app_id)  # idempotent
+    assert sched.describe(app_id).state == AppState.CANCELLED  # type: ignore[union-attr]
+
+
+def test_cancel_escalates_to_sigkill(tmp_path: Path) -> None:
+    s = create_cwd_scheduler("kill", grace=0.5)
+    try:
+        marker = tmp_path / "ready"
+        script = f"trap '' TERM; touch {marker}; while true; do sleep 0.05; done"
+        app_id = s.submit(AppDef("stubborn", [sh(script)]), {})
+        wait_for(marker.exists, what="trap installed")
+        s.cancel(app_id)
+        desc = s.describe(app_id)
+        assert desc is not None and desc.state == AppState.CANCELLED
+    finally:
+        s.close()
