@@ -159,12 +159,12 @@ _LOG_CHUNK = 1 << 20
 # ---------------------------------------------------------------------------------------------
 
 
-def _shell(value: str) -> str:
+def _shell(value: str, app_id_expr: str = _APP_ID_EXPR) -> str:
     """Quotes ``value`` for bash, turning ``${app_id}`` into the job id at run time."""
     parts = value.split(macros.app_id)
     if len(parts) == 1:
         return shlex.quote(value)
-    return _APP_ID_EXPR.join(shlex.quote(p) if p else "" for p in parts)
+    return app_id_expr.join(shlex.quote(p) if p else "" for p in parts)
 
 
 def _sbatch_value(value: str) -> str:
@@ -258,7 +258,14 @@ class SlurmReplicaRequest:
         srun = [f"--{k}={_shell(v)}" for k, v in self.srun_opts.items()]
         # `env` sets the replica's variables: values may hold any character (no --export parsing)
         srun += ["env", *(f"{k}={_shell(v)}" for k, v in self.env.items())]
-        srun += [_shell(self.entrypoint), *(_shell(a) for a in self.args)]
+        cmd = [self.entrypoint, *self.args]
+        if ":" in cmd:
+            # srun splits its command line at every bare ":" (the het-job separator), even
+            # among the program's arguments: hand such a command to sh as one quoted string.
+            inner = " ".join(_shell(c, '"$SHIPYARD_APP_ID"') for c in cmd)
+            srun += ["/bin/sh", "-c", shlex.quote(f"exec {inner}")]
+        else:
+            srun += [_shell(c) for c in cmd]
         return sbatch, srun
 
 
@@ -763,7 +770,10 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 info = acct.get(a)
                 if info is None or not info.components:
                     continue
-                if a in found and not is_terminal(_app_state(info.state)):
+                if a in found and (
+                    not is_terminal(_app_state(info.state))
+                    or set(info.components) != set(found[a].components)
+                ):
                     continue  # accounting lags behind the controller: keep squeue's answer
                 if a in found:
                     info.restarts = max(info.restarts, found[a].restarts)
