@@ -35,7 +35,7 @@ from airflow_provider._common import (
     to_app_def,
 )
 from airflow_provider.triggers import ShipyardJobTrigger
-from core.runner import AppFailedError, Runner
+from core.runner import AppFailedError, LogLine, Runner
 from core.schedulers import get_default_scheduler_name
 from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
 
@@ -368,17 +368,20 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         """Waits for the app to end, logging its lines (``role/k line``) as they are produced.
 
         A daemon thread follows the logs; the lines are logged from this (the task's main)
-        thread, which also polls the status, backing off from 0.05 s to ``poll_interval``.
+        thread, which also polls the status, backing off from 0.05 s to ``poll_interval``. Once
+        the app ended, lines the follower missed (a replica whose log could not be followed yet)
+        are logged from the complete logs, so every line reaches the task log once, in order.
         """
         lines: queue.Queue[object] = queue.Queue()
+        logged: dict[tuple[str, int], int] = {}
 
         def follow() -> None:
             follower = make_runner(self.session_name)
             try:
                 for line in follower.stream_logs(handle, should_tail=True):
-                    lines.put(str(line))
+                    lines.put(line)
             except Exception as e:
-                lines.put(f"(cannot follow the logs of {handle}: {e})")
+                self.log.warning("cannot follow the logs of %s: %s", handle, e)
             finally:
                 follower.close()
                 lines.put(_END)
@@ -386,6 +389,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         threading.Thread(target=follow, daemon=True, name=f"logs-{handle}").start()
         delay = min(0.05, self.poll_interval)
         next_poll = 0.0
+        ended = False
         while True:
             now = time.monotonic()
             if now >= next_poll:
@@ -394,36 +398,54 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                     break
                 next_poll = now + delay
                 delay = min(delay * 2, self.poll_interval)
-            if self._drain(lines, max(0.0, next_poll - time.monotonic())):
-                # logs ended before the app (e.g. a replica's log unreadable): just wait
-                status = runner.wait(handle, wait_interval=self.poll_interval)
-                return status
-        self._drain(lines, _LOG_DRAIN_TIMEOUT, until_end=True)
+            if not ended:
+                ended = self._drain(lines, logged, max(0.0, next_poll - time.monotonic()))
+            else:
+                time.sleep(max(0.0, next_poll - time.monotonic()))
+        if not ended:
+            self._drain(lines, logged, _LOG_DRAIN_TIMEOUT, until_end=True)
+        self._log_all_lines(runner, handle, skip=logged)
         return status
 
-    def _drain(self, lines: queue.Queue[object], timeout: float, until_end: bool = False) -> bool:
+    def _drain(
+        self,
+        lines: queue.Queue[object],
+        logged: dict[tuple[str, int], int],
+        timeout: float,
+        until_end: bool = False,
+    ) -> bool:
         """Logs queued lines for up to ``timeout`` seconds; True once the end marker came."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             try:
-                item = (
-                    lines.get(timeout=max(remaining, 0.0)) if remaining > 0 else lines.get_nowait()
-                )
+                item = lines.get(timeout=remaining) if remaining > 0 else lines.get_nowait()
             except queue.Empty:
                 if until_end:
                     self.log.warning("stopped waiting for the last log lines after %ss", timeout)
                 return False
             if item is _END:
                 return True
+            assert isinstance(item, LogLine)
+            key = (item.role, item.replica)
+            logged[key] = logged.get(key, 0) + 1
             self.log.info("%s", item)
-            if not until_end and remaining <= 0:
-                return False
 
-    def _log_all_lines(self, runner: Runner, handle: AppHandle) -> None:
+    def _log_all_lines(
+        self,
+        runner: Runner,
+        handle: AppHandle,
+        skip: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
+        """Logs every replica's complete log, leaving out the first ``skip[(role, k)]`` lines."""
+        skip = skip or {}
         try:
-            for line in runner.stream_logs(handle, should_tail=False):
-                self.log.info("%s", line)
+            for role, k in runner.replicas(handle):
+                n = 0
+                for line in runner.log_lines(handle, role, k):
+                    n += 1
+                    if n > skip.get((role, k), 0):
+                        self.log.info("%s", LogLine(role, k, line))
         except Exception as e:
             self.log.warning("cannot read the logs of %s: %s", handle, e)
 

@@ -19,7 +19,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
-from core.runner import Runner
+from core.runner import LogLine, Runner
 from core.specs import AppHandle, AppStatus, parse_app_handle
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,7 @@ class ShipyardJobTrigger(BaseTrigger):
                     continue
                 if follower is not None and state in TERMINAL_STATES:
                     await follower.drain(_LOG_DRAIN_TIMEOUT)
+                    await follower.catch_up()
                 yield self._event(kind, state, f"app {self.app_handle} is {state}", follower)
                 return
         finally:
@@ -211,6 +212,7 @@ class _LogFollower:
         self._stop = threading.Event()
         self._done = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._per_replica: dict[tuple[str, int], int] = {}
         self.count = 0
 
     def start(self) -> None:
@@ -218,7 +220,9 @@ class _LogFollower:
         # shutdown and a log tail must never hold the loop open.
         threading.Thread(target=self._follow, daemon=True, name=f"logs-{self._handle}").start()
 
-    def _emit(self, line: str) -> None:
+    def _emit(self, line: LogLine) -> None:
+        key = (line.role, line.replica)
+        self._per_replica[key] = self._per_replica.get(key, 0) + 1
         self.count += 1
         self._log.info("%s", line)
 
@@ -231,7 +235,7 @@ class _LogFollower:
             for line in runner.stream_logs(self._handle, should_tail=True):
                 if self._stop.is_set():
                     break
-                self._call(self._emit, str(line))
+                self._call(self._emit, line)
         except Exception as e:
             self._call(self._log.warning, f"cannot follow logs of {self._handle}: {e}")
         finally:
@@ -250,6 +254,26 @@ class _LogFollower:
             await asyncio.wait_for(self._done.wait(), timeout)
         except TimeoutError:
             self._log.warning("logs of %s still streaming after %ss", self._handle, timeout)
+
+    async def catch_up(self) -> None:
+        """Logs the lines the follower missed (e.g. a replica whose log appeared late)."""
+        self.stop()
+        await asyncio.sleep(0)  # run the emits the follower thread already scheduled
+        missed = await asyncio.to_thread(self._missed, dict(self._per_replica))
+        for line in missed:
+            self._emit(line)
+
+    def _missed(self, seen: dict[tuple[str, int], int]) -> list[LogLine]:
+        out: list[LogLine] = []
+        with make_runner() as runner:
+            try:
+                for role, k in runner.replicas(self._handle):
+                    for i, text in enumerate(runner.log_lines(self._handle, role, k)):
+                        if i >= seen.get((role, k), 0):
+                            out.append(LogLine(role, k, text))
+            except Exception as e:
+                self._log.warning("cannot read the logs of %s: %s", self._handle, e)
+        return out
 
     def stop(self) -> None:
         self._stop.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -108,12 +109,20 @@ class DagResult:
 
 
 @pytest.fixture
-def run_dag(airflow_db: None, capfd: pytest.CaptureFixture[str]) -> Callable[..., DagResult]:
-    """Runs a DAG (object or id) with ``dag.test()`` and returns a :class:`DagResult`."""
+def run_dag(
+    airflow_db: None, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> Callable[..., DagResult]:
+    """Runs a DAG (object or id) with ``dag.test()`` and returns a :class:`DagResult`.
+
+    The log is what the run wrote to stdout/stderr (the task logs, job lines included) followed
+    by the records of Airflow's standard-library loggers (e.g. ``[DAG TEST] ...``).
+    """
 
     def run(dag: Any, **kwargs: Any) -> DagResult:
         if isinstance(dag, str):
             dag = load_dag(dag)
+        caplog.set_level(logging.INFO)
+        caplog.clear()
         capfd.readouterr()
         try:
             dag_run = dag.test(**kwargs)
@@ -123,6 +132,6 @@ def run_dag(airflow_db: None, capfd: pytest.CaptureFixture[str]) -> Callable[...
             sys.stdout.write(out)
             sys.stderr.write(err)
         states = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
-        return DagResult(dag_run=dag_run, states=states, log=out + err)
+        return DagResult(dag_run=dag_run, states=states, log=out + err + caplog.text)
 
     return run

@@ -83,19 +83,31 @@ def test_mapped_tasks_each_get_their_own_job(run_dag: Any, runner: Any) -> None:
 
 
 def test_sensor_in_poke_reschedule_and_deferrable_modes(run_dag: Any) -> None:
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+    from sqlalchemy import func, select
+
     result = run_dag("shipyard_test_sensor_modes")
+    modes = ("poke", "reschedule", "deferrable")
     assert result.states == {
-        "submit": "success",
-        "poke": "success",
-        "reschedule": "success",
-        "deferred": "success",
+        **{f"submit_{m}": "success" for m in modes},
+        **{f"wait_{m}": "success" for m in modes},
     }
-    for task_id in ("poke", "reschedule", "deferred"):
-        assert result.xcom(task_id) == "SUCCEEDED"
-    # the job was still running when the sensors started: they really waited
-    assert result.xcom("submit", "state") in ("SUBMITTED", "PENDING", "RUNNING")
-    assert "[DAG TEST] running trigger in line" in result.log
-    assert result.task_instance("reschedule").try_number == 1
+    for mode in modes:
+        assert result.xcom(f"wait_{mode}") == "SUCCEEDED"
+        # each job was still running when its sensor started: the sensors really waited
+        assert result.xcom(f"submit_{mode}", "state") in ("SUBMITTED", "PENDING", "RUNNING")
+    assert re.search(r"local_cwd://\S+/job-poke-\S+ is RUNNING", result.log)
+    # reschedule mode gave its slot back at least once, within one try
+    ti = result.task_instance("wait_reschedule")
+    assert ti.try_number == 1
+    with create_session() as session:
+        reschedules = session.scalar(
+            select(func.count()).select_from(TaskReschedule).where(TaskReschedule.ti_id == ti.id)
+        )
+    assert reschedules >= 1
+    # the deferrable one waited in the trigger
+    assert result.log.count("[DAG TEST] running trigger in line") == 1
 
 
 def test_sensor_fails_fast_on_a_failure_state(run_dag: Any) -> None:

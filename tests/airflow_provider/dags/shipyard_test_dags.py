@@ -76,34 +76,29 @@ with _dag("shipyard_test_crash") as crash_dag:
     )
 
 with _dag("shipyard_test_sensor_modes") as sensor_modes_dag:
-    submit = ShipyardOperator(
-        task_id="submit",
-        app=sh("slowish", "sleep 2; echo ok"),
-        scheduler=SCHEDULER,
-        wait_for_completion=False,
-    )
-    poke = ShipyardJobSensor(
-        task_id="poke",
-        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
-        mode="poke",
-        poke_interval=0.5,
-        timeout=120,
-    )
-    reschedule = ShipyardJobSensor(
-        task_id="reschedule",
-        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
-        mode="reschedule",
-        poke_interval=1,
-        timeout=120,
-    )
-    deferred = ShipyardJobSensor(
-        task_id="deferred",
-        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
-        deferrable=True,
-        poke_interval=0.5,
-        timeout=120,
-    )
-    submit >> [poke, reschedule, deferred]
+    # dag.test() runs one task at a time: each sensor starts right after its own job is
+    # submitted, so each one really waits (poke: sleeps; reschedule: gives the slot back and is
+    # rescheduled; deferrable: waits in the trigger)
+    previous = None
+    for mode in ("poke", "reschedule", "deferrable"):
+        submit = ShipyardOperator(
+            task_id=f"submit_{mode}",
+            app=sh(f"job-{mode}", "sleep 3; echo ok"),
+            scheduler=SCHEDULER,
+            wait_for_completion=False,
+        )
+        sensor = ShipyardJobSensor(
+            task_id=f"wait_{mode}",
+            app_handle=f"{{{{ ti.xcom_pull(task_ids='submit_{mode}') }}}}",
+            mode="reschedule" if mode == "reschedule" else "poke",
+            deferrable=mode == "deferrable",
+            poke_interval=0.5 if mode != "reschedule" else 1,
+            timeout=120,
+        )
+        if previous is not None:
+            previous >> submit
+        submit >> sensor
+        previous = sensor
 
 with _dag("shipyard_test_sensor_failure") as sensor_failure_dag:
     submit_bad = ShipyardOperator(
