@@ -40,8 +40,15 @@ wait_for() {
     log "$what: ok"
 }
 
-pid_alive() { # pid_alive PIDFILE: the pid file names a live process
-    [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+pid_alive() { # pid_alive PIDFILE: the pid file names a live slurm daemon (not a reused pid)
+    local pid
+    [ -s "$1" ] || return 1
+    pid=$(cat "$1")
+    kill -0 "$pid" 2>/dev/null || return 1
+    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+    slurm*) return 0 ;;
+    *) return 1 ;;
+    esac
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -443,6 +443,7 @@ def _parse_sacct(out: str) -> dict[str, _JobInfo]:
     followed by its steps: the last attempt's records win."""
     jobs: dict[str, _JobInfo] = {}
     attempts: dict[str, int] = {}
+    last_leader_state: dict[str, str] = {}
     n = len(_SACCT_FIELDS)
     for line in out.splitlines():
         parts = line.split(_SEP)
@@ -458,6 +459,11 @@ def _parse_sacct(out: str) -> dict[str, _JobInfo]:
         info = jobs.setdefault(app_id, _JobInfo(app_id=app_id, state="UNKNOWN", source="sacct"))
         slurm_state = _slurm_state(state)
         if not step:  # a component's allocation record: starts a new attempt of it
+            if off == 0 and last_leader_state.get(app_id, "REQUEUED") != "REQUEUED":
+                # the previous record ended without a requeue: it was another job whose id
+                # was reused (the controller's job ids were reset); only the newest counts
+                info.components.clear()
+                attempts[app_id] = 0
             info.components[off] = _Component(
                 offset=off,
                 name=name,
@@ -466,6 +472,7 @@ def _parse_sacct(out: str) -> dict[str, _JobInfo]:
             )
             if off == 0:
                 attempts[app_id] = attempts.get(app_id, 0) + 1
+                last_leader_state[app_id] = slurm_state
                 info.state = slurm_state
                 info.workdir = workdir
                 info.comment = comment

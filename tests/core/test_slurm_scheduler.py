@@ -380,6 +380,50 @@ def test_exit_code_parsing() -> None:
     assert slurm_mod._split_name("my-role-12") == ("my-role", 12)
 
 
+# sacct -D output (JobID,JobName,State,ExitCode,NodeList,WorkDir,Comment) as recorded on the
+# test cluster: an older job 21 whose id was reused, then job 21 failing once and requeued.
+SACCT_REQUEUED = """\
+21|old-0|COMPLETED|0:0|node3|/old|
+21.batch|batch|COMPLETED|0:0|node3||
+21+0|a-0|REQUEUED|0:0|node1|/tmp/slx|c
+21+0.batch|batch|FAILED|5:0|node1||
+21+0.0|sh|FAILED|5:0|node1||
+21+1|b-0|REQUEUED|0:0|node2|/tmp/slx|c
+21+1.0|sh|COMPLETED|0:0|node2||
+21+0|a-0|COMPLETED|0:0|node1|/tmp/slx|c
+21+0.batch|batch|COMPLETED|0:0|node1||
+21+0.0|sh|COMPLETED|0:0|node1||
+21+1|b-0|COMPLETED|0:0|node2|/tmp/slx|c
+21+1.0|sh|CANCELLED by 0|0:15|node2||
+"""
+
+
+def test_parse_sacct_keeps_the_last_attempt_of_the_newest_job() -> None:
+    out = SACCT_REQUEUED.replace("|", slurm_mod._SEP)
+    info = slurm_mod._parse_sacct(out)["21"]
+    assert (info.state, info.restarts, info.workdir, info.comment) == (
+        "COMPLETED",
+        1,
+        "/tmp/slx",
+        "c",
+    )
+    assert sorted(info.components) == [0, 1]
+    d = create_scheduler("x")._to_response(info)
+    assert d.state == AppState.SUCCEEDED and d.num_restarts == 1
+    reps = _replicas(d)
+    assert (reps[("a", 0)].state, reps[("a", 0)].exit_code) == (AppState.SUCCEEDED, 0)
+    assert (reps[("b", 0)].state, reps[("b", 0)].exit_code) == (AppState.CANCELLED, -15)
+
+
+def test_a_bare_colon_argument_is_not_a_het_separator() -> None:
+    # srun splits its command line at every bare ":" even among the program's arguments
+    role = Role("w", entrypoint="/bin/echo", args=["a", ":", "${app_id}"])
+    _, srun = SlurmReplicaRequest.from_role("w-0", role, {}, nomem=False).materialize()
+    assert ":" not in srun
+    assert srun[-3:-1] == ["/bin/sh", "-c"]
+    assert "exec /bin/echo a : " in srun[-1] and "$SHIPYARD_APP_ID" in srun[-1]
+
+
 def test_read_lines_never_splits_a_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slurm_mod, "_LOG_CHUNK", 7)  # many buffer boundaries
     lines = ["short\n", "a much longer line than the chunk\n", "cr\rinside\n", "\n", "日本語🚀\n"]
