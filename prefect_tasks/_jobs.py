@@ -419,12 +419,19 @@ class LogForwarder(threading.Thread):
         self.stopping = threading.Event()
 
     def _wait_for_replicas(self) -> None:
+        failures = 0
         while not self.stopping.is_set():
-            if self.runner.replicas(self.handle):
-                return
-            status = self.runner.status(self.handle)
-            if status is None or status.is_terminal():
-                return
+            try:
+                if self.runner.replicas(self.handle):
+                    return
+                status = self.runner.status(self.handle)
+                if status is None or status.is_terminal():
+                    return
+            except Exception as e:  # a transient backend error must not lose the whole log
+                failures += 1
+                if failures >= 5:
+                    raise
+                log.debug("describing %s failed (%s); retrying", self.handle, e)
             self.stopping.wait(_NAP)
 
     def _lines(self) -> Any:
