@@ -387,7 +387,15 @@ def enforce(app_dir: str, summary: dict[str, Any], obs: Observation, grace: floa
     if not obs.cancelled and not obs.gang and obs.failed:
         g = obs.failed[0]
         rep = summary["replicas"][g]
-        info = json.dumps({"replica": g, "role": rep["role"], "k": rep["k"], "time": time.time()})
+        info = json.dumps(
+            {
+                "replica": g,
+                "role": rep["role"],
+                "k": rep["k"],
+                "time": time.time(),
+                "terminated": obs.running,
+            }
+        )
         if create_exclusive(os.path.join(app_dir, GANG), info):
             signal_groups([leaders[i] for i in obs.running], signal.SIGTERM)
         return
@@ -457,6 +465,9 @@ def reap_sessions(sessions: dict[int, float], grace: float) -> None:
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
     kill_pids(session_members(sessions), signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while session_members(sessions) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 # --------------------------------------------------------------------------------------------
@@ -673,11 +684,46 @@ def collect(app_dir: str, grace: float = DEFAULT_GRACE, follow: bool = True) -> 
         os.close(lock_fd)
 
 
+def _open_pidfds(leaders: Sequence[tuple[int, float]]) -> dict[int, int] | None:
+    """pidfds (fd -> replica) of the live replica wrappers: readable the moment one exits.
+
+    None where pidfds are not available (then the collector polls).
+    """
+    if not hasattr(os, "pidfd_open"):
+        return None
+    fds: dict[int, int] = {}
+    for g, (pid, spawned) in enumerate(leaders):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            return None
+        if is_alive(pid, spawned):  # checked after opening: the fd is the right process
+            fds[fd] = g
+        else:
+            os.close(fd)
+    return fds
+
+
+_OBSERVE_EVERY = 0.25
+
+
 def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) -> None:
+    import select
+
     replicas = summary["replicas"]
     leaders = replica_leaders(summary)
     logs = [_ReplicaLogs(app_dir, g, r["log_dir"]) for g, r in enumerate(replicas)]
+    pidfds = _open_pidfds(leaders) if follow else None
+    poller = select.poll()
+    for fd in pidfds or ():
+        poller.register(fd, select.POLLIN)
     tick = _TICK_MIN
+    last_observe = 0.0
+    wake = True
     try:
         while True:
             now = time.time()
@@ -685,32 +731,45 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
             for rl in logs:
                 if not rl.finished and rl.poll(now):
                     active = True
-            obs = observe(app_dir, summary)
-            if obs is None:  # app removed
-                return
-            if obs.done is not None:
-                ended = set(range(len(logs)))
-            else:
-                enforce(app_dir, summary, obs, grace)
-                ended = {g for g, c in enumerate(obs.codes) if c is not None}
-            newly = [rl for rl in logs if rl.g in ended and not rl.exited]
-            if newly:
-                for rl in newly:
-                    rl.exited = True
-                # whatever a finished replica left running in its session goes too
-                reap_sessions({leaders[rl.g][0]: leaders[rl.g][1] for rl in newly}, grace)
-                for rl in newly:
-                    rl.poll(time.time(), final=True)
-                    rl.finished = True
-            if all(rl.finished for rl in logs):
-                create_exclusive(os.path.join(app_dir, LOGS_DONE), f"{time.time()}\n")
-                return
+            if wake or pidfds is None or now - last_observe >= _OBSERVE_EVERY:
+                wake = False
+                last_observe = now
+                obs = observe(app_dir, summary)
+                if obs is None:  # app removed
+                    return
+                if obs.done is not None:
+                    ended = set(range(len(logs)))
+                else:
+                    enforce(app_dir, summary, obs, grace)
+                    ended = {g for g, c in enumerate(obs.codes) if c is not None}
+                newly = [rl for rl in logs if rl.g in ended and not rl.exited]
+                if newly:
+                    for rl in newly:
+                        rl.exited = True
+                    # whatever a finished replica left running in its session goes too
+                    reap_sessions({leaders[rl.g][0]: leaders[rl.g][1] for rl in newly}, grace)
+                    for rl in newly:
+                        rl.poll(time.time(), final=True)
+                        rl.finished = True
+                if all(rl.finished for rl in logs):
+                    create_exclusive(os.path.join(app_dir, LOGS_DONE), f"{time.time()}\n")
+                    return
             if not follow:
                 # catching up for a reader: the replicas still run (their collector died)
                 return
             tick = _TICK_MIN if active else min(tick * 2, _TICK_MAX)
-            time.sleep(tick)
+            if pidfds:
+                for fd, _ in poller.poll(tick * 1000):
+                    # a replica ended: look at once (its exit code is already recorded)
+                    wake = True
+                    poller.unregister(fd)
+                    os.close(fd)
+                    pidfds.pop(fd, None)
+            else:
+                time.sleep(tick)
     finally:
+        for fd in pidfds or ():
+            os.close(fd)
         for rl in logs:
             rl.close()
 

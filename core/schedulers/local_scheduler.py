@@ -395,30 +395,39 @@ _REAPER = _Reaper()
 
 
 class _Launcher:
-    """Starts the per-app log collectors off the submit path (one background thread)."""
+    """Starts the per-app log collectors off the submit path, and evicts old finished apps
+    when idle (one background thread)."""
 
     def __init__(self) -> None:
-        self._q: queue.SimpleQueue[tuple[str, float] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._q: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
+        self._lock = threading.RLock()  # flush() may run in a signal handler
         self._thread: threading.Thread | None = None
         self._pending = 0
         self._idle = threading.Condition(self._lock)
+        self._evict: weakref.WeakSet[LocalScheduler] = weakref.WeakSet()
 
-    def submit(self, app_dir: str, grace: float) -> None:
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="shipyard-local-launcher", daemon=True
+            )
+            self._thread.start()
+
+    def submit(self, app_dir: str, grace: float, sched: LocalScheduler | None = None) -> None:
         with self._lock:
             self._pending += 1
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="shipyard-local-launcher", daemon=True
-                )
-                self._thread.start()
+            if sched is not None:
+                self._evict.add(sched)
+            self._ensure_thread()
         self._q.put((app_dir, grace))
 
     def _run(self) -> None:
         while True:
-            item = self._q.get()
-            if item is None:
-                return
+            try:
+                item = self._q.get(timeout=0.2 if len(self._evict) else None)
+            except queue.Empty:
+                self._run_evictions()
+                continue
             try:
                 spawn_collector(*item)
             except Exception:
@@ -427,6 +436,15 @@ class _Launcher:
                 with self._lock:
                     self._pending -= 1
                     self._idle.notify_all()
+
+    def _run_evictions(self) -> None:
+        with self._lock:
+            scheds = list(self._evict)
+            self._evict = weakref.WeakSet()
+        for sched in scheds:
+            if sched._housekeeping():
+                with self._lock:  # some apps could not go yet: try again later
+                    self._evict.add(sched)
 
     def flush(self, timeout: float = 10.0) -> None:
         """Waits until every queued collector was started (called at exit)."""
@@ -451,8 +469,13 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+_COLLECTORS: dict[str, subprocess.Popen[bytes]] = {}
+
+
 def spawn_collector(app_dir: str, grace: float = DEFAULT_GRACE) -> None:
     """Starts the log collector of one app (it exits at once if another one runs)."""
+    if os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)):
+        return
     python = sys.executable or shutil.which("python3") or "python3"
     proc = subprocess.Popen(
         [python, "-S", "-I", rt.__file__, "collect", app_dir, repr(float(grace))],
@@ -462,7 +485,24 @@ def spawn_collector(app_dir: str, grace: float = DEFAULT_GRACE) -> None:
         start_new_session=True,
         close_fds=True,
     )
+    _COLLECTORS[app_dir] = proc
+    for done in [d for d, p in _COLLECTORS.items() if p.returncode is not None]:
+        _COLLECTORS.pop(done, None)
     _REAPER.add(proc)
+
+
+def _finish_collector(app_dir: str, timeout: float = 5.0) -> None:
+    """Makes sure the logs of an ended app are collected and its collector (if this process
+    started one) has exited, so that nothing this process started outlives it."""
+    _LAUNCHER.flush(timeout)
+    proc = _COLLECTORS.get(app_dir)
+    if proc is None:
+        rt.collect(app_dir, follow=False)
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("the log collector of %s did not finish in %ss", app_dir, timeout)
 
 
 class _SignalHandlers:
@@ -560,7 +600,6 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._launched: dict[str, str] = {}
         self._inflight: dict[str, list[tuple[int, float]]] = {}
         self._cancel_locks: dict[str, threading.Lock] = {}
-        self._submits = 0
         self._devnull = -1
         self._closed = False
         _SIGNALS.register(self)
@@ -814,11 +853,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             self._inflight.pop(app_id, None)
             self._launched[app_id] = app_dir
             self._remember(app_id, summary)
-            self._submits += 1
-            housekeeping = self._submits % 16 == 1
-        _LAUNCHER.submit(app_dir, self._grace)
-        if housekeeping:
-            threading.Thread(target=self._housekeeping, daemon=True).start()
+        _LAUNCHER.submit(app_dir, self._grace, self)
         return app_id
 
     # -- state -------------------------------------------------------------------------------
@@ -992,56 +1027,76 @@ class LocalScheduler(Scheduler[PopenRequest]):
             self._cancel_locks.pop(app_id, None)
 
     def _terminate_launched(self) -> None:
-        """Terminates every app this instance launched that still runs (signal handler)."""
+        """Terminates every app this instance launched that still runs (signal handler), and
+        waits for their log collectors."""
         with self._lock:
             launched = dict(self._launched)
             inflight = {a: list(s) for a, s in self._inflight.items()}
         for app_id, started in inflight.items():
             app_dir = os.path.join(rt.apps_root(), app_id)
             rt.terminate(app_dir, {"replicas": [{"pid": p, "t": t} for p, t in started]})
-        for app_id in launched:
+        for app_id, app_dir in launched.items():
             try:
                 self.cancel(app_id)
+                _finish_collector(app_dir)
             except Exception:
                 log.warning("could not terminate %s", app_id, exc_info=True)
 
     # -- housekeeping ------------------------------------------------------------------------
 
-    def _housekeeping(self) -> None:
-        """Removes the oldest finished apps beyond ``cache_size``; drops stale bookkeeping."""
+    def _housekeeping(self) -> bool:
+        """Removes the oldest finished apps beyond ``cache_size``; True if some must wait."""
+        if self._closed:
+            return False
         try:
-            self._evict()
+            return self._evict()
         except Exception:
             log.debug("local scheduler housekeeping failed", exc_info=True)
+            return False
 
-    def _evict(self) -> None:
+    def _evict(self) -> bool:
         root = rt.apps_root()
         try:
             names = os.listdir(root)
         except FileNotFoundError:
-            return
+            return False
         finished: list[tuple[float, str]] = []
+        unknown: list[str] = []
         for name in names:
             if not _APP_ID_RE.match(name):
                 continue
             try:
                 finished.append((os.stat(os.path.join(root, name, rt.DONE)).st_mtime, name))
             except FileNotFoundError:
-                continue
+                unknown.append(name)
+        if len(finished) + len(unknown) <= self._cache_size:
+            return False
+        for name in unknown:
+            # ended apps nobody described yet: describing them records their final state
+            if os.path.exists(os.path.join(root, name, rt.LOGS_DONE)):
+                desc = self.describe(name)
+                if desc is not None and is_terminal(desc.state):
+                    finished.append((time.time(), name))
         excess = len(finished) - self._cache_size
         if excess <= 0:
-            return
+            return False
         finished.sort()
+        waiting = False
         for _, name in finished[:excess]:
             app_dir = os.path.join(root, name)
             if not os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)) and rt.collector_alive(
                 app_dir
             ):
+                waiting = True  # its collector is still writing
                 continue
+            key = (rt.load_summary(app_dir) or {}).get("key")
             shutil.rmtree(app_dir, ignore_errors=True)
+            if key:
+                _remove_key(key, name)
             with self._lock:
                 self._summaries.pop(name, None)
                 self._finished.pop(name, None)
+        return waiting
 
     def close(self) -> None:
         """Releases what this instance holds (caches, signal handlers). Apps keep running."""
@@ -1091,6 +1146,15 @@ def _write_key(key: str, app_id: str) -> None:
     rt.write_atomic(path, app_id)
 
 
+def _remove_key(key: str, app_id: str) -> None:
+    path = _key_path(key)
+    if (rt.read_text(path) or "").strip() == app_id:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def _role_to_json(role: Role) -> dict[str, Any]:
     return {
         "name": role.name,
@@ -1124,19 +1188,39 @@ def _describe_code(code: int | str | None) -> str:
     return f"exited with code {code}"
 
 
-def _replica_state(code: int | str | None, cancelled: bool) -> AppState:
+def _replica_state(code: int | str | None, terminated: bool) -> AppState:
     if code is None:
         return AppState.RUNNING
     if code == 0:
         return AppState.SUCCEEDED
-    return AppState.CANCELLED if cancelled else AppState.FAILED
+    return AppState.CANCELLED if terminated else AppState.FAILED
+
+
+def _gang_info(summary: dict[str, Any], obs: rt.Observation) -> tuple[int | None, set[int]]:
+    """The replica whose failure terminated the others, and the replicas terminated for it."""
+    if not obs.gang:
+        return None, set()
+    text = rt.read_text(os.path.join(rt.apps_root(), summary["app_id"], rt.GANG))
+    try:
+        info = json.loads(text or "")
+        return int(info["replica"]), {int(g) for g in info.get("terminated", [])}
+    except (ValueError, KeyError, TypeError):
+        return None, set()
+
+
+def _states(summary: dict[str, Any], obs: rt.Observation) -> list[str]:
+    first, terminated = _gang_info(summary, obs)
+    return [
+        _replica_state(c, obs.cancelled or (g in terminated and g != first)).name
+        for g, c in enumerate(obs.codes)
+    ]
 
 
 def _running_state(summary: dict[str, Any], obs: rt.Observation) -> dict[str, Any]:
     return {
         "state": AppState.RUNNING.name,
         "codes": obs.codes,
-        "states": [_replica_state(c, obs.cancelled).name for c in obs.codes],
+        "states": _states(summary, obs),
         "msg": "",
     }
 
@@ -1145,30 +1229,27 @@ def _final_state(summary: dict[str, Any], obs: rt.Observation) -> dict[str, Any]
     """The final state of an app whose replicas all ended, else None."""
     if obs.running:
         return None
-    states = [_replica_state(c, obs.cancelled) for c in obs.codes]
     failed = obs.failed
     if obs.cancelled:
         state, msg = AppState.CANCELLED, "cancelled"
     elif failed:
-        first = failed[0]
-        gang = rt.read_text(os.path.join(rt.apps_root(), summary["app_id"], rt.GANG))
-        if gang:
-            try:
-                first = int(json.loads(gang)["replica"])
-            except (ValueError, KeyError, TypeError):
-                pass
+        first, terminated = _gang_info(summary, obs)
+        if first is None or first not in failed:
+            first = failed[0]
         rep = summary["replicas"][first]
         state = AppState.FAILED
         msg = f"{rep['role']}/{rep['k']} {_describe_code(obs.codes[first])}"
-        others = len(failed) - 1
-        if others:
-            msg += f"; {others} other replica(s) did not succeed"
+        own = [g for g in failed if g != first and g not in terminated]
+        if own:
+            msg += f"; {len(own)} other replica(s) failed too"
+        if terminated:
+            msg += f"; the other replicas were terminated ({len(terminated)})"
     else:
         state, msg = AppState.SUCCEEDED, ""
     return {
         "state": state.name,
         "codes": obs.codes,
-        "states": [s.name for s in states],
+        "states": _states(summary, obs),
         "msg": msg,
         "time": time.time(),
     }
@@ -1221,13 +1302,25 @@ def _response(app_id: str, summary: dict[str, Any], st: dict[str, Any]) -> Descr
 # log iteration
 # --------------------------------------------------------------------------------------------
 
-_OTHER_LINE_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+# Besides \n, str.splitlines also splits on these (UTF-8 encoded); log lines end only at \n.
+_OTHER_LINE_BREAKS = (
+    b"\r",
+    b"\x0b",
+    b"\x0c",
+    b"\x1c",
+    b"\x1d",
+    b"\x1e",
+    b"\xc2\x85",
+    b"\xe2\x80\xa8",
+    b"\xe2\x80\xa9",
+)
 
 
-def _split(text: str) -> list[str]:
-    """Lines of ``text`` (which ends with ``\\n``), each keeping its ``\\n``; only ``\\n`` ends
-    a line (``\\r`` and other separators stay inside)."""
-    if _OTHER_LINE_BREAKS.search(text) is None:
+def _split(data: bytes) -> list[str]:
+    """Lines of ``data`` (which ends with ``\\n``), decoded, each keeping its ``\\n``; only
+    ``\\n`` ends a line (``\\r`` and other separators stay inside)."""
+    text = data.decode("utf-8", "replace")
+    if not any(sep in data for sep in _OTHER_LINE_BREAKS):
         return text.splitlines(keepends=True)
     parts = text.split("\n")
     parts.pop()
@@ -1377,7 +1470,7 @@ class LogIterator:
                     cut = data.rfind(b"\n") + 1
                     if cut:
                         pending = data[cut:]
-                        lines = self._filter(_split(data[:cut].decode("utf-8", "replace")))
+                        lines = self._filter(_split(data[:cut]))
                         if lines:
                             yield lines
                     else:
@@ -1390,7 +1483,7 @@ class LogIterator:
                     finishing = True  # one more read: bytes may have landed meanwhile
                     continue
                 time.sleep(delay)
-                delay = min(delay * 2, 0.1)
+                delay = min(delay * 2, 0.05)
             if pending:
                 lines = self._filter([pending.decode("utf-8", "replace")])
                 if lines:
@@ -1442,7 +1535,7 @@ class LogIterator:
                     yield from self._read_range(prev, None, False)
                 return
             time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            delay = min(delay * 2, 0.05)
 
 
 # --------------------------------------------------------------------------------------------

@@ -209,6 +209,9 @@ def test_multi_role_app_with_a_failing_replica(sched: LocalScheduler) -> None:
     assert codes[("ps", 2)] == 3
     # gang semantics: the others were terminated
     assert all(c == -15 for key, c in codes.items() if key != ("ps", 2))
+    states = {(rs.role, r.id): r.state for rs in desc.roles_statuses for r in rs.replicas}
+    assert states[("ps", 2)] == AppState.FAILED
+    assert all(s == AppState.CANCELLED for key, s in states.items() if key != ("ps", 2))
     assert list(sched.log_iter(app_id, "worker", 3)) == ["w 3\n"]
 
 
