@@ -259,9 +259,10 @@ class SlurmReplicaRequest:
         # `env` sets the replica's variables: values may hold any character (no --export parsing)
         srun += ["env", *(f"{k}={_shell(v)}" for k, v in self.env.items())]
         cmd = [self.entrypoint, *self.args]
-        if ":" in cmd:
+        if ":" in cmd or "=" in self.entrypoint:
             # srun splits its command line at every bare ":" (the het-job separator), even
-            # among the program's arguments: hand such a command to sh as one quoted string.
+            # among the program's arguments, and `env` would take an entrypoint with "=" for a
+            # variable: hand such a command to sh as one quoted string.
             inner = " ".join(_shell(c, '"$SHIPYARD_APP_ID"') for c in cmd)
             srun += ["/bin/sh", "-c", shlex.quote(f"exec {inner}")]
         else:
@@ -608,9 +609,11 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                     name = name[:-1]
                     self._default_partition = name
                 try:
-                    self._partition_mem[name] = int(mem.strip().rstrip("+"))
+                    value = int(mem.strip().rstrip("+"))
                 except ValueError:
                     continue
+                # a partition whose nodes differ is listed once per kind of node: keep the least
+                self._partition_mem[name] = min(value, self._partition_mem.get(name, value))
         wanted = partition or self._default_partition
         if wanted is None:
             return None

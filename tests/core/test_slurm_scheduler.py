@@ -422,6 +422,10 @@ def test_a_bare_colon_argument_is_not_a_het_separator() -> None:
     assert ":" not in srun
     assert srun[-3:-1] == ["/bin/sh", "-c"]
     assert "exec /bin/echo a : " in srun[-1] and "$SHIPYARD_APP_ID" in srun[-1]
+    # an entrypoint with "=" must not be taken by `env` for a variable assignment
+    role = Role("w", entrypoint="X=1", args=["touch", "/tmp/x"])
+    _, srun = SlurmReplicaRequest.from_role("w-0", role, {}, nomem=False).materialize()
+    assert srun[-3:-1] == ["/bin/sh", "-c"] and "exec X=1 touch /tmp/x" in srun[-1]
 
 
 def test_read_lines_never_splits_a_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
