@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 STATE_DIR_ENV = "SHIPYARD_STATE_DIR"
@@ -285,17 +285,21 @@ def session_members(sessions: dict[int, float]) -> list[int]:
         names = os.listdir("/proc")
     except OSError:
         return []
+    getsid = os.getsid
     for name in names:
         if not name.isdigit():
             continue
         pid = int(name)
-        if pid == me:
+        try:
+            sid = getsid(pid)  # one syscall; /proc/<pid>/stat only for the few matches
+        except OSError:
+            continue
+        if sid not in valid or pid == me:
             continue
         st = proc_stat(pid)
         if st is None or st[0] in ("Z", "X", "x"):
             continue
-        if st[3] in valid:
-            found.append(pid)
+        found.append(pid)
     return found
 
 
@@ -335,8 +339,15 @@ class Observation:
         return [g for g, c in enumerate(self.codes) if c is not None and c != 0]
 
 
-def observe(app_dir: str, summary: dict[str, Any]) -> Observation | None:
-    """Looks at the app's state directory and processes; None if the app directory is gone."""
+def observe(
+    app_dir: str,
+    summary: dict[str, Any],
+    alive: Callable[[list[int]], list[bool]] | None = None,
+) -> Observation | None:
+    """Looks at the app's state directory and processes; None if the app directory is gone.
+
+    ``alive(replicas)`` tells which of the given replicas' wrappers still run (default: /proc).
+    """
     try:
         names = set(os.listdir(app_dir))
     except FileNotFoundError:
@@ -353,17 +364,27 @@ def observe(app_dir: str, summary: dict[str, Any]) -> Observation | None:
                 pass
     obs.cancelled = CANCELLED in names
     obs.gang = GANG in names
-    for g, rep in enumerate(summary["replicas"]):
-        code = read_exit(app_dir, g) if f"{EXIT_PREFIX}{g}" in names else None
-        if code is None:
-            if is_alive(int(rep["pid"]), float(rep.get("t") or 0)):
+    replicas = summary["replicas"]
+    codes: list[int | str | None] = [
+        read_exit(app_dir, g) if f"{EXIT_PREFIX}{g}" in names else None
+        for g in range(len(replicas))
+    ]
+    pending = [g for g, c in enumerate(codes) if c is None]
+    if pending:
+        if alive is None:
+            states = [
+                is_alive(int(replicas[g]["pid"]), float(replicas[g].get("t") or 0)) for g in pending
+            ]
+        else:
+            states = alive(pending)
+        for g, running in zip(pending, states, strict=True):
+            if running:
                 obs.running.append(g)
-            else:
-                # the wrapper may have written its code after the listdir above
-                code = read_exit(app_dir, g)
-                if code is None:
-                    code = LOST
-        obs.codes.append(code)
+                continue
+            # the wrapper may have written its code after the listdir above
+            code = read_exit(app_dir, g)
+            codes[g] = LOST if code is None else code
+    obs.codes = codes
     return obs
 
 
@@ -413,16 +434,69 @@ def _record_killed(
     if not killed:
         return
     pids = {pid for pid, _ in killed}
-    deadline = time.monotonic() + 1.0
     leaders = replica_leaders(summary)
-    pending = [(g, pid, t) for g, (pid, t) in enumerate(leaders) if pid in pids]
-    while pending and time.monotonic() < deadline:
-        pending = [p for p in pending if is_alive(p[1], p[2])]
-        if pending:
-            time.sleep(0.002)
+    wait_exits(leaders, [g for g, (pid, _) in enumerate(leaders) if pid in pids], 1.0)
     for g, (pid, t) in enumerate(leaders):
         if pid in pids and not is_alive(pid, t):
             record_exit(app_dir, g, -signal.SIGKILL)
+
+
+def open_pidfds(leaders: Iterable[tuple[int, float]]) -> dict[int, int] | None:
+    """pidfds of the live processes among ``leaders`` (fd -> index): an fd becomes readable
+    the moment its process exits. None where pidfds are not available."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    fds: dict[int, int] = {}
+    for i, (pid, spawned) in enumerate(leaders):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            return None
+        if is_alive(pid, spawned):  # checked after opening: the fd is the right process
+            fds[fd] = i
+        else:
+            os.close(fd)
+    return fds
+
+
+def wait_exits(
+    leaders: Sequence[tuple[int, float]], indices: Iterable[int], timeout: float
+) -> list[int]:
+    """Waits up to ``timeout`` s for the given leaders to exit; returns those still running."""
+    import select
+
+    pending = [i for i in indices if is_alive(*leaders[i])]
+    if not pending:
+        return []
+    deadline = time.monotonic() + max(timeout, 0.0)
+    fds = open_pidfds([leaders[i] for i in pending])
+    if fds is None:
+        delay = 0.0005
+        while pending and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+            pending = [i for i in pending if is_alive(*leaders[i])]
+        return pending
+    try:
+        waiting = {fd: pending[j] for fd, j in fds.items()}
+        poller = select.poll()
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for fd, _ in poller.poll(left * 1000):
+                poller.unregister(fd)
+                waiting.pop(fd, None)
+        return sorted(waiting.values())
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def terminate(
@@ -431,23 +505,18 @@ def terminate(
     grace: float = DEFAULT_GRACE,
     only: Sequence[int] | None = None,
 ) -> None:
-    """Ends every replica's process tree: SIGTERM to all process groups at once, short polls
-    until the wrappers exit, SIGKILL after ``grace`` seconds, then whatever the replicas left
-    behind in their sessions."""
+    """Ends every replica's process tree: SIGTERM to all process groups at once, waits for the
+    wrappers to exit, SIGKILL after ``grace`` seconds, then ends whatever the replicas left
+    behind in their sessions (processes that moved to another process group)."""
     leaders = replica_leaders(summary)
-    targets = [leaders[g] for g in (only if only is not None else range(len(leaders)))]
-    sessions = dict(targets)
-    live = signal_groups(targets, signal.SIGTERM)
-    deadline = time.monotonic() + max(grace, 0.0)
-    delay = 0.0005
-    while live and time.monotonic() < deadline:
-        time.sleep(delay)
-        delay = min(delay * 2, 0.02)
-        live = [p for p in live if is_alive(*p)]
-    if live:
-        killed = signal_groups(live, signal.SIGKILL)
+    chosen = list(only if only is not None else range(len(leaders)))
+    targets = [leaders[g] for g in chosen]
+    signal_groups(targets, signal.SIGTERM)
+    left = wait_exits(leaders, chosen, grace)
+    if left:
+        killed = signal_groups([leaders[g] for g in left], signal.SIGKILL)
         _record_killed(app_dir, summary, killed)
-    reap_sessions(sessions, grace)
+    reap_sessions(dict(targets), grace)
 
 
 def reap_sessions(sessions: dict[int, float], grace: float) -> None:
@@ -684,30 +753,6 @@ def collect(app_dir: str, grace: float = DEFAULT_GRACE, follow: bool = True) -> 
         os.close(lock_fd)
 
 
-def _open_pidfds(leaders: Sequence[tuple[int, float]]) -> dict[int, int] | None:
-    """pidfds (fd -> replica) of the live replica wrappers: readable the moment one exits.
-
-    None where pidfds are not available (then the collector polls).
-    """
-    if not hasattr(os, "pidfd_open"):
-        return None
-    fds: dict[int, int] = {}
-    for g, (pid, spawned) in enumerate(leaders):
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        except OSError:
-            for fd in fds:
-                os.close(fd)
-            return None
-        if is_alive(pid, spawned):  # checked after opening: the fd is the right process
-            fds[fd] = g
-        else:
-            os.close(fd)
-    return fds
-
-
 _OBSERVE_EVERY = 0.25
 
 
@@ -717,7 +762,7 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
     replicas = summary["replicas"]
     leaders = replica_leaders(summary)
     logs = [_ReplicaLogs(app_dir, g, r["log_dir"]) for g, r in enumerate(replicas)]
-    pidfds = _open_pidfds(leaders) if follow else None
+    pidfds = open_pidfds(leaders) if follow else None
     poller = select.poll()
     for fd in pidfds or ():
         poller.register(fd, select.POLLIN)

@@ -73,6 +73,7 @@ from core.specs import (
     AppState,
     CfgVal,
     ReplicaStatus,
+    Resource,
     Role,
     RoleStatus,
     is_terminal,
@@ -115,6 +116,7 @@ _SH = "/bin/sh"
 _APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 _HOSTNAME = "localhost"
+_MAX_PIDFDS = 256  # per scheduler: pidfds kept to check running replicas cheaply
 _CHUNK = 1 << 20
 
 
@@ -600,6 +602,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._launched: dict[str, str] = {}
         self._inflight: dict[str, list[tuple[int, float]]] = {}
         self._cancel_locks: dict[str, threading.Lock] = {}
+        self._fd_lock = threading.Lock()
+        self._pidfds: dict[tuple[str, int], int] = {}
         self._devnull = -1
         self._closed = False
         _SIGNALS.register(self)
@@ -862,7 +866,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._summaries[app_id] = summary
         self._summaries.move_to_end(app_id)
         while len(self._summaries) > self._cache_size:
-            self._summaries.popitem(last=False)
+            old_id, _ = self._summaries.popitem(last=False)
+            self._forget_pidfds(old_id)
 
     def _summary(self, app_id: str) -> tuple[str, dict[str, Any]] | None:
         if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
@@ -892,7 +897,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             with self._lock:
                 self._finished.pop(app_id, None)
             return None
-        obs = rt.observe(app_dir, summary)
+        obs = rt.observe(app_dir, summary, self._liveness(app_id, summary))
         if obs is None:
             with self._lock:
                 self._summaries.pop(app_id, None)
@@ -905,6 +910,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             if final is None:
                 return _response(app_id, summary, _running_state(summary, obs))
             rt.write_atomic(os.path.join(app_dir, rt.DONE), json.dumps(final))
+        self._forget_pidfds(app_id)
         with self._lock:
             self._finished[app_id] = final
             self._finished.move_to_end(app_id)
@@ -912,6 +918,58 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 self._finished.popitem(last=False)
             self._launched.pop(app_id, None)
         return _response(app_id, summary, final)
+
+    def _liveness(self, app_id: str, summary: dict[str, Any]) -> Callable[[list[int]], list[bool]]:
+        """Liveness of replica wrappers through cached pidfds: one ``poll`` per describe instead
+        of reading /proc for every replica (falls back to /proc beyond the fd budget)."""
+
+        def alive(replicas: list[int]) -> list[bool]:
+            import select
+
+            reps = summary["replicas"]
+            out: dict[int, bool] = {}
+            with self._fd_lock:
+                fds: dict[int, int] = {}
+                for g in replicas:
+                    key = (app_id, g)
+                    fd = self._pidfds.get(key)
+                    if fd is None:
+                        pid, spawned = int(reps[g]["pid"]), float(reps[g].get("t") or 0)
+                        if len(self._pidfds) >= _MAX_PIDFDS or not hasattr(os, "pidfd_open"):
+                            out[g] = rt.is_alive(pid, spawned)
+                            continue
+                        try:
+                            fd = os.pidfd_open(pid)
+                        except ProcessLookupError:
+                            out[g] = False
+                            continue
+                        except OSError:
+                            out[g] = rt.is_alive(pid, spawned)
+                            continue
+                        if not rt.is_alive(pid, spawned):
+                            os.close(fd)
+                            out[g] = False
+                            continue
+                        self._pidfds[key] = fd
+                    fds[fd] = g
+                    out[g] = True
+                if fds:
+                    poller = select.poll()
+                    for fd in fds:
+                        poller.register(fd, select.POLLIN)
+                    for fd, _ in poller.poll(0):
+                        g = fds[fd]
+                        out[g] = False  # exited
+                        del self._pidfds[(app_id, g)]
+                        os.close(fd)
+            return [out[g] for g in replicas]
+
+        return alive
+
+    def _forget_pidfds(self, app_id: str) -> None:
+        with self._fd_lock:
+            for key in [k for k in self._pidfds if k[0] == app_id]:
+                os.close(self._pidfds.pop(key))
 
     def exists(self, app_id: str) -> bool:
         """True if an app with this id is in the state directory."""
@@ -1111,6 +1169,13 @@ class LocalScheduler(Scheduler[PopenRequest]):
             self._summaries.clear()
             self._finished.clear()
             self._launched.clear()
+        with self._fd_lock:
+            for fd in self._pidfds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._pidfds.clear()
         if self._devnull >= 0:
             try:
                 os.close(self._devnull)
@@ -1163,6 +1228,7 @@ def _role_to_json(role: Role) -> dict[str, Any]:
         "args": list(role.args),
         "env": dict(role.env),
         "num_replicas": role.num_replicas,
+        "resource": [role.resource.cpu, role.resource.gpu, role.resource.memMB],
     }
 
 
@@ -1282,9 +1348,10 @@ def _response(app_id: str, summary: dict[str, Any], st: dict[str, Any]) -> Descr
             name=rj["name"],
             image=rj.get("image", ""),
             entrypoint=rj.get("entrypoint", ""),
-            args=list(rj.get("args", [])),
-            env=dict(rj.get("env", {})),
+            args=list(rj.get("args", ())),
+            env=dict(rj.get("env", ())),
             num_replicas=rj.get("num_replicas", 1),
+            resource=Resource(*rj.get("resource", (-1, -1, -1))),
         )
         for rj in summary["roles"]
     ]
