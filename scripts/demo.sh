@@ -21,6 +21,13 @@ if [ -f dags/shipyard_local_job.py ]; then
     echo
     echo "== 3. Airflow: the example DAG with dag.test() on SQLite"
     export AIRFLOW_HOME="$demo_home/airflow"
+    export AIRFLOW__CORE__LOAD_EXAMPLES=False
+    export AIRFLOW__CORE__DAGS_FOLDER="$PWD/dags"
+    if [ ! -f "$AIRFLOW_HOME/.migrated" ]; then
+        echo "(first run: creating Airflow's SQLite database in $AIRFLOW_HOME)"
+        airflow db migrate >"$demo_home/airflow-migrate.log" 2>&1 || { tail -20 "$demo_home/airflow-migrate.log"; exit 1; }
+        touch "$AIRFLOW_HOME/.migrated"
+    fi
     python dags/shipyard_local_job.py
 fi
 
