@@ -25,6 +25,7 @@ __all__ = [
     "BindMount",
     "CfgVal",
     "DeviceMount",
+    "MAX_REPLICAS",
     "MISSING",
     "MalformedAppHandleException",
     "NULL_RESOURCE",
@@ -53,6 +54,10 @@ __all__ = [
 
 MISSING = "<MISSING>"
 NONE = "<NONE>"
+
+#: most replicas one role may have: more is a mistake no backend can run, and a dry run would
+#: otherwise build a request per replica before any backend could say so
+MAX_REPLICAS = 10_000
 
 # Names end up in file names, container names, hostnames and Slurm job names: keep them safe for all.
 # (used with fullmatch: `$` would also accept a trailing newline)
@@ -451,6 +456,11 @@ def validate_app(app: AppDef) -> None:
             if "\x00" in val:
                 raise ValueError(f"{where}.env.{key}: must not contain NUL characters")
         _check_int(role.num_replicas, f"{where}.num_replicas", 1, "a positive integer")
+        if role.num_replicas > MAX_REPLICAS:
+            raise ValueError(
+                f"{where}.num_replicas: expected at most {MAX_REPLICAS} replicas per role,"
+                f" got {role.num_replicas}"
+            )
         if role.min_replicas is not None:
             _check_int(role.min_replicas, f"{where}.min_replicas", 1, "a positive integer")
             if role.min_replicas > role.num_replicas:
