@@ -125,6 +125,15 @@ def corpus(canary: str = "/tmp/shipyard-canary-never") -> list[str]:
     return injection_strings(canary) + AWKWARD_STRINGS + TRAVERSAL_STRINGS
 
 
+_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+#: valid app/role names (what core.specs accepts); built directly: st.from_regex is slow
+safe_names = st.tuples(st.sampled_from(_ALNUM), st.text(alphabet=_ALNUM + "_.-", max_size=62)).map(
+    "".join
+)
+#: valid environment variable names
+env_names = st.tuples(
+    st.sampled_from(_ALNUM[:52] + "_"), st.text(alphabet=_ALNUM + "_", max_size=12)
+).map("".join)
 #: any text including control characters and lone surrogates
 any_text = st.text(st.characters(exclude_categories=()), max_size=80)
 #: text biased toward the fixed corpus

@@ -36,8 +36,10 @@ from tests.core.hostile_inputs import (
     TRAVERSAL_STRINGS,
     any_text,
     corpus,
+    env_names,
     hostile_text,
     plain_data,
+    safe_names,
     scalars,
 )
 
@@ -46,7 +48,7 @@ SAFE_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FIELD_PATH = re.compile(r"^(app|name|roles)(\[\d+\])?(\.[A-Za-z_]+)*(\[\d+\])?[.:]")
 
 #: a safe name with something hostile before or after it (the near misses a regex lets through)
-_safe = st.from_regex(SAFE_NAME, fullmatch=True)
+_safe = safe_names
 near_miss_names = st.one_of(
     st.tuples(_safe, st.sampled_from(["\n", "\r\n", "/..", "/", " ", "\x00", "\t", "$(id)", "é"])),
     st.tuples(st.sampled_from(["\n", "/", "../", " ", "\x00", "-", ".", "é"]), _safe),
@@ -54,7 +56,7 @@ near_miss_names = st.one_of(
 names = st.one_of(
     near_miss_names,
     st.sampled_from(corpus() + ["ok", "a" * 63, "a" * 64, "x\n", "X\n", "a.b-c_d", "9lives"]),
-    st.from_regex(SAFE_NAME, fullmatch=True),
+    safe_names,
     any_text,
 )
 ints = st.one_of(
@@ -64,7 +66,7 @@ ints = st.one_of(
 )
 env_keys = st.one_of(
     st.sampled_from(["PATH", "K\n", "A B", "1X", "_", "X=Y", "X\x00", "", "ÄÖ", "a-b"]),
-    st.from_regex(SAFE_ENV_KEY, fullmatch=True).map(lambda k: k + "\n"),
+    env_names.map(lambda k: k + "\n"),
     any_text,
 )
 str_lists = st.one_of(st.lists(hostile_text, max_size=5), scalars, st.lists(scalars, max_size=3))
@@ -97,10 +99,10 @@ ROLE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
 def _valid_role(draw: st.DrawFn, index: int) -> Role:
     no_nul = hostile_text.filter(lambda s: "\x00" not in s)
     return Role(
-        name=draw(st.from_regex(SAFE_NAME, fullmatch=True)).replace("\n", "") + str(index),
+        name=draw(safe_names).replace("\n", "") + str(index),
         entrypoint=draw(no_nul.filter(bool)),
         args=draw(st.lists(no_nul, max_size=3)),
-        env=draw(st.dictionaries(st.from_regex(SAFE_ENV_KEY, fullmatch=True), no_nul, max_size=3)),
+        env=draw(st.dictionaries(env_names, no_nul, max_size=3)),
         num_replicas=draw(st.integers(1, 4)),
     )
 
@@ -109,7 +111,7 @@ def _valid_role(draw: st.DrawFn, index: int) -> Role:
 def apps(draw: st.DrawFn) -> AppDef:
     """A valid app with at most one field replaced by a hostile value."""
     app = AppDef(
-        name=draw(st.from_regex(SAFE_NAME, fullmatch=True)),
+        name=draw(safe_names),
         roles=[_valid_role(draw, i) for i in range(draw(st.integers(1, 3)))],
     )
     target = draw(st.sampled_from(["none", "app.name", "app.roles", *sorted(ROLE_FIELDS)]))
