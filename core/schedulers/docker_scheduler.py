@@ -47,7 +47,6 @@ from core.schedulers.api import (
     check_stream,
     filter_regex,
     split_lines,
-    split_lines_iterator,
 )
 from core.specs import (
     NONE,
@@ -259,6 +258,56 @@ def _replica_state(state: str, status: str) -> tuple[AppState, int | None]:
     if state == "removing":
         return AppState.CANCELLED, None
     return AppState.UNKNOWN, None
+
+
+def _body_reader(raw: Any) -> Iterator[bytes]:
+    """The body of a streamed HTTP response (a urllib3 response), in pieces of whatever has
+    arrived: one read of the socket buffer at a time, de-chunked here when the body is chunked,
+    instead of one read per HTTP chunk."""
+    hres = getattr(raw, "_fp", None)  # the http.client response
+    fp = getattr(hres, "fp", None)  # its buffered socket reader
+    if fp is None or not hasattr(fp, "read1") or getattr(hres, "chunk_left", None) is not None:
+        while data := raw.read1(1 << 16) if hasattr(raw, "read1") else raw.read(1 << 12):
+            yield data
+        return
+    if not getattr(hres, "chunked", False):
+        while data := fp.read1(1 << 16):
+            yield data
+        return
+    pending = bytearray()
+    left = 0  # bytes of the current chunk still to come (then its CRLF)
+    crlf = False
+    while data := fp.read1(1 << 16):
+        pending += data
+        out = bytearray()
+        pos, n = 0, len(pending)
+        while True:
+            if left:
+                take = min(left, n - pos)
+                out += pending[pos : pos + take]
+                pos += take
+                left -= take
+                if left:
+                    break
+                crlf = True
+            if crlf:
+                if n - pos < 2:
+                    break
+                pos += 2
+                crlf = False
+            eol = pending.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(bytes(pending[pos:eol]).split(b";")[0], 16)
+            pos = eol + 2
+            if size == 0:
+                if out:
+                    yield bytes(out)
+                return
+            left = size
+        del pending[:pos]
+        if out:
+            yield bytes(out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1144,23 +1193,23 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         want_err = stream in (Stream.STDERR, Stream.COMBINED)
         try:
             if not should_tail:
-                data = self._api.logs(
-                    name,
-                    stdout=want_out,
-                    stderr=want_err,
-                    stream=False,
-                    follow=False,
-                    since=since_ts,
-                    until=until_ts,
-                )
-                lines: Iterable[str] = split_lines(data.decode("utf-8", errors="replace"))
+                params = {
+                    "stdout": want_out,
+                    "stderr": want_err,
+                    "follow": False,
+                    "since": since_ts,
+                    "until": until_ts,
+                }
+                pieces = [p for p, _ in self._log_messages(name, params, None, None)]
+                text = b"".join(pieces).decode("utf-8", errors="replace")
+                lines: Iterable[str] = split_lines(text)
                 return list(filter_regex(regex, lines)) if regex else lines
             # Fail here (not on first next()) if the container does not exist.
             info = self._api.inspect_container(name)
         except NotFound:
             raise self._no_logs_error(app_id, role_name, k) from None
-        chunks = self._follow(name, info, want_out, want_err, since_ts, until_ts)
-        return filter_regex(regex, split_lines_iterator(chunks))
+        lines = self._follow(name, info, want_out, want_err, since_ts, until_ts)
+        return filter_regex(regex, lines)
 
     def _no_logs_error(self, app_id: str, role_name: str, k: int) -> ValueError:
         if self._tombstones(f"{LABEL_APP_ID}={app_id}"):
@@ -1179,45 +1228,41 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         since_ts: float | None,
         until_ts: float | None,
     ) -> Iterator[str]:
-        """Decoded log chunks of a container, following it through its restarts until it has
-        ended for good (or ``until`` is reached).
+        """Log lines of a container, following it through its restarts until it has ended for
+        good (or ``until`` is reached).
 
-        Messages are read with their Docker timestamps (one frame per message, the timestamp
-        stripped): when a follow stream ends, the next read resumes after the last message
-        seen, so nothing is repeated, and a final plain read picks up what the follow stream
-        can miss when the container exits (e.g. a last line without a newline).
+        Messages are read with their Docker timestamps: when a follow stream ends, the next
+        read resumes after the last message seen, so nothing is repeated, and a final plain
+        read picks up what a follow stream can miss when the container exits (e.g. a last line
+        without a newline). A partial line at the end of a run is yielded as it is.
         """
         from docker.errors import NotFound
 
-        last = ""  # timestamp of the last message yielded: fixed width, compares as a string
+        last = b""  # timestamp of the last message seen: fixed width, compares as bytes
         started = info["State"].get("StartedAt", "")
+        tty = bool((info.get("Config") or {}).get("Tty"))
         follow = True
         while True:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            params: dict[str, Any] = {
+                "stdout": want_out,
+                "stderr": want_err,
+                "follow": follow,
+                "since": since_ts,
+                "until": until_ts,
+            }
+            pending = ""
             try:
-                frames = self._api.logs(
-                    name,
-                    stdout=want_out,
-                    stderr=want_err,
-                    stream=True,
-                    follow=follow,
-                    timestamps=True,
-                    since=since_ts,
-                    until=until_ts,
-                )
-                for frame in frames:
-                    ts = frame[: _TS_LEN - 1].decode("ascii", "replace")
-                    if ts <= last:
-                        continue
+                for payload, ts in self._log_messages(name, params, tty, last):
                     last = ts
-                    text = decoder.decode(frame[_TS_LEN:])
-                    if text:
-                        yield text
+                    head, sep, pending = (pending + decoder.decode(payload)).rpartition("\n")
+                    if sep:
+                        yield from split_lines(head + sep)
             except NotFound:
                 return
-            tail = decoder.decode(b"", final=True)
-            if tail:
-                yield tail
+            pending += decoder.decode(b"", final=True)
+            if pending:
+                yield pending
             if not follow or (until_ts is not None and until_ts <= time.time()):
                 return
             # The stream ends when the container stops. Docker may start it again (restart
@@ -1236,9 +1281,99 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
                     follow = False
                     break
                 time.sleep(0.05)
-            resume = _parse_docker_time(last) if last else None
+            resume = _parse_docker_time(last.decode("ascii", "replace")) if last else None
             if resume is not None:
                 since_ts = max(resume - 1e-6, since_ts or 1e-9)
+
+    def _log_messages(
+        self, name: str, params: dict[str, Any], tty: bool | None, last: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(payloads, last timestamp)`` for each read of a container's log stream.
+
+        With ``last`` (bytes) the messages are requested with timestamps, only those newer
+        than ``last`` are kept and their timestamps are stripped; with ``None``, plain messages.
+        ``tty``: whether the container has a terminal (its output is not framed); ``None``:
+        tell from the first bytes.
+
+        The engine sends each message as one frame (8-byte header: stream, size) in one HTTP
+        chunk. Reading them through the SDK (or http.client) costs several small reads per
+        message; here the response is read in large pieces (whatever has arrived) and the
+        chunks and frames are parsed from them.
+        """
+        api = self._api
+        stamped = last is not None
+        query: dict[str, Any] = {
+            "stdout": int(params["stdout"]),
+            "stderr": int(params["stderr"]),
+            "follow": int(params["follow"]),
+            "timestamps": int(stamped),
+            "tail": "all",
+        }
+        for key in ("since", "until"):
+            if params.get(key) is not None:
+                query[key] = params[key]
+        try:
+            res = api._get(
+                api._url("/containers/{0}/logs", name), params=query, stream=True, timeout=None
+            )
+        except AttributeError:  # an SDK without these internals: its public (slower) stream
+            yield from self._log_messages_public(name, params, last)
+            return
+        latest = last or b""
+        skip = _TS_LEN if stamped else 0
+        try:
+            api._raise_for_status(res)
+            buf = bytearray()
+            for data in _body_reader(res.raw):
+                buf += data
+                if tty is None and len(buf) >= 4:
+                    # a frame header starts with the stream (0, 1, 2) and three zero bytes
+                    tty = not (buf[0] in (0, 1, 2) and buf[1:4] == b"\0\0\0")
+                elif tty is None:
+                    continue
+                out: list[bytes] = []
+                if tty:  # no frames: lines
+                    end = buf.rfind(b"\n") + 1
+                    for line in bytes(buf[:end]).splitlines(keepends=True):
+                        if not stamped:
+                            out.append(line)
+                        elif line[: _TS_LEN - 1] > latest:
+                            latest = line[: _TS_LEN - 1]
+                            out.append(line[_TS_LEN:])
+                    del buf[:end]
+                else:
+                    pos, n = 0, len(buf)
+                    while n - pos >= 8:
+                        end = pos + 8 + int.from_bytes(buf[pos + 4 : pos + 8], "big")
+                        if end > n:
+                            break
+                        if stamped:
+                            ts = bytes(buf[pos + 8 : pos + 7 + _TS_LEN])
+                            if ts > latest:
+                                latest = ts
+                                out.append(bytes(buf[pos + 8 + skip : end]))
+                        else:
+                            out.append(bytes(buf[pos + 8 : end]))
+                        pos = end
+                    del buf[:pos]
+                if out:
+                    yield b"".join(out), latest
+            if buf and tty is not False:  # a terminal's last line without a newline
+                yield bytes(buf[skip:]), latest
+        finally:
+            res.close()
+
+    def _log_messages_public(
+        self, name: str, params: dict[str, Any], last: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        latest = last or b""
+        stamped = last is not None
+        for frame in self._api.logs(name, stream=True, timestamps=stamped, **params):
+            if not stamped:
+                yield frame, latest
+            elif frame[: _TS_LEN - 1] > latest:
+                latest = frame[: _TS_LEN - 1]
+                yield frame[_TS_LEN:], latest
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:
