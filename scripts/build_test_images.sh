@@ -13,13 +13,10 @@ if docker image inspect "$BUSYBOX_IMAGE" >/dev/null 2>&1; then
     exit 0
 fi
 
-BUSYBOX_BIN="$(command -v busybox || true)"
-if [ -z "$BUSYBOX_BIN" ] || ! file -L "$BUSYBOX_BIN" 2>/dev/null | grep -q "statically linked"; then
-    # busybox-static installs /bin/busybox; fall back to it if PATH finds a dynamic one.
-    BUSYBOX_BIN=/bin/busybox
-fi
+# busybox-static installs a statically linked /bin/busybox (it replaces the dynamic one).
+BUSYBOX_BIN=/bin/busybox
 if [ ! -x "$BUSYBOX_BIN" ]; then
-    log "no static busybox found (apt-get install busybox-static)"
+    log "no $BUSYBOX_BIN (apt-get install busybox-static)"
     exit 1
 fi
 

@@ -63,14 +63,25 @@ fi
 log "docker engine: $(docker version --format '{{.Server.Version}}' 2>/dev/null)"
 
 # --- registry ---------------------------------------------------------------------------------
-registry_up() {
-    python3 - "$REGISTRY_ADDR" <<'EOF' >/dev/null 2>&1
-import sys, urllib.request
-urllib.request.urlopen(f"http://{sys.argv[1]}/v2/", timeout=2).read()
-EOF
+# HTTP status of GET http://$1:$2$3 (pure bash: no curl or python needed), empty if no answer.
+http_status() {
+    ( exec 3<>"/dev/tcp/$1/$2" || exit 1
+      printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$3" "$1" >&3
+      IFS=' ' read -r -t 3 _ code _ <&3 || exit 1
+      echo "$code" ) 2>/dev/null || true
 }
+REGISTRY_HOST="${REGISTRY_ADDR%:*}"
+REGISTRY_PORT="${REGISTRY_ADDR##*:}"
+registry_up() { [ "$(http_status "$REGISTRY_HOST" "$REGISTRY_PORT" /v2/)" = 200 ]; }
 
 if ! registry_up; then
+    # On a machine with systemd, installing docker-registry starts Debian's service with its own
+    # config (all interfaces, htpasswd auth): it holds the port, so it is stopped first.
+    if [ -n "$(http_status "$REGISTRY_HOST" "$REGISTRY_PORT" /v2/)" ] && command -v systemctl >/dev/null \
+        && systemctl is-active --quiet docker-registry 2>/dev/null; then
+        log "stopping Debian's docker-registry service (it wants authentication)"
+        systemctl stop docker-registry || true
+    fi
     # Debian's /etc/docker/registry/config.yml listens on every interface and wants an htpasswd
     # file; the tests need an open registry on loopback only, so it gets a config of its own.
     mkdir -p "$REGISTRY_DIR/data"
