@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,8 +68,20 @@ def procs_with(token: str) -> list[int]:
 
 @pytest.fixture
 def runner() -> Iterator[Runner]:
+    """A runner that cancels, at teardown, every app the test ran through it."""
     with get_runner("faults") as r:
+        launched: list[str] = []
+        run = r.run
+
+        def tracking_run(*args: Any, **kwargs: Any) -> str:
+            handle = run(*args, **kwargs)
+            launched.append(handle)
+            return handle
+
+        r.run = tracking_run  # type: ignore[method-assign]
         yield r
+        for handle in launched:
+            r.cancel(handle)
 
 
 def wait_final(runner: Runner, handle: str, timeout: float = 60.0) -> object:
@@ -116,6 +129,18 @@ with get_runner("faults") as runner:
 def test_submitter_sigkilled_apps_keep_running_and_are_addressable(
     tmp_path: Path, runner: Runner, when: str
 ) -> None:
+    handles: dict[str, str] = {}
+    try:
+        _submitter_sigkilled(tmp_path, runner, when, handles)
+    finally:  # whatever failed: nothing of this test keeps running
+        (tmp_path / "go").touch()
+        for h in handles.values():
+            runner.cancel(h)
+
+
+def _submitter_sigkilled(
+    tmp_path: Path, runner: Runner, when: str, handles: dict[str, str]
+) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", SUBMITTER, str(tmp_path), WORK,
          "now" if when == "right-after-submit" else "later"],
@@ -123,7 +148,7 @@ def test_submitter_sigkilled_apps_keep_running_and_are_addressable(
     )  # fmt: skip
     try:
         assert proc.stdout is not None
-        handles = json.loads(proc.stdout.readline())
+        handles.update(json.loads(proc.stdout.readline()))
         starts = {
             "ok": [tmp_path / "started.ok.0", tmp_path / "started.ok.1"],
             "bad": [tmp_path / "started.bad.0"],
