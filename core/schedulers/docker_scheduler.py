@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import codecs
 import fnmatch
+import functools
 import json
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,9 @@ LABEL_REPLICAS = "shipyard.replicas"
 LABEL_NUM_RESTARTS = "shipyard.num_restarts"
 
 TOMBSTONE_PREFIX = "shipyard-tombstone-"
+#: cancel renames each container ``{name}{CANCELLED_SUFFIX}`` before stopping it, so that a
+#: concurrent describe knows the replica's exit is a cancellation (not a failure or success)
+CANCELLED_SUFFIX = "--cancelled"
 #: environment variable holding the hostname of replica 0 of the first role
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
 DEFAULT_STOP_TIMEOUT = 10
@@ -230,6 +234,11 @@ def _parse_docker_time(value: str) -> float | None:
 def _env_matching(patterns: Iterable[str]) -> dict[str, str]:
     patterns = list(patterns)
     return {k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+
+
+def _cancelling(container: Mapping[str, Any]) -> bool:
+    """Whether cancel has renamed this container (it is about to be stopped and removed)."""
+    return any(n.endswith(CANCELLED_SUFFIX) for n in container.get("Names") or ())
 
 
 def _hostname(role_name: str, replica_id: int) -> str:
@@ -766,15 +775,20 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         return list(res.get("Volumes") or [])
 
     def describe(self, app_id: str) -> DescribeAppResponse | None:
-        """The app's state and the status of every replica (from one containers list call);
+        """The app's state and the status of every replica, from one containers list call;
         ``None`` if the engine has no trace of the app. Roles are partial (name, image,
         num_replicas, max_retries)."""
         containers = self._containers(f"{LABEL_APP_ID}={app_id}")
-        return self._describe_from(app_id, containers, None)
+
+        def tombstone() -> Mapping[str, str] | None:
+            found = self._tombstones(f"{LABEL_APP_ID}={app_id}")
+            return found[0]["Labels"] if found else None
+
+        return self._resolve(app_id, containers, tombstone)
 
     def describe_many(self, app_ids: Iterable[str]) -> dict[str, DescribeAppResponse | None]:
-        """Describes several apps from one containers list call (plus one volume list call for
-        apps without containers or in a terminal state)."""
+        """Describes several apps from one containers list call (plus one volume list call if
+        some of them have no containers or are being cancelled)."""
         app_ids = list(app_ids)
         if len(app_ids) == 1:
             return {app_ids[0]: self.describe(app_ids[0])}
@@ -783,41 +797,45 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             app_id = (c.get("Labels") or {}).get(LABEL_APP_ID)
             if app_id in by_app:
                 by_app[app_id].append(c)
-        tombstones: dict[str, dict[str, str]] | None = None
-        out: dict[str, DescribeAppResponse | None] = {}
-        for app_id in app_ids:
-            resp = self._from_containers(app_id, by_app[app_id])
-            if resp is None or is_terminal(resp.state) or resp.state == AppState.UNKNOWN:
-                if tombstones is None:
-                    tombstones = {
-                        v["Labels"][LABEL_APP_ID]: v["Labels"]
-                        for v in self._tombstones(LABEL_APP_ID)
-                        if (v.get("Labels") or {}).get(LABEL_APP_ID)
-                    }
-                tomb = tombstones.get(app_id)
-                if tomb is not None:
-                    resp = self._from_tombstone(app_id, tomb)
-                elif resp is not None and resp.state == AppState.UNKNOWN:
-                    resp.state = AppState.FAILED
-            out[app_id] = resp
-        return out
+        tombstones: dict[str, Mapping[str, str]] | None = None
 
-    def _describe_from(
+        def tombstone_of(app_id: str) -> Mapping[str, str] | None:
+            nonlocal tombstones
+            if tombstones is None:
+                tombstones = {
+                    v["Labels"][LABEL_APP_ID]: v["Labels"]
+                    for v in self._tombstones(LABEL_APP_ID)
+                    if (v.get("Labels") or {}).get(LABEL_APP_ID)
+                }
+            return tombstones.get(app_id)
+
+        return {
+            app_id: self._resolve(app_id, by_app[app_id], functools.partial(tombstone_of, app_id))
+            for app_id in app_ids
+        }
+
+    def _resolve(
         self,
         app_id: str,
         containers: _Containers,
-        tomb: dict[str, str] | None,
+        tombstone: Callable[[], Mapping[str, str] | None],
     ) -> DescribeAppResponse | None:
-        resp = self._from_containers(app_id, containers)
-        if resp is None or is_terminal(resp.state) or resp.state == AppState.UNKNOWN:
-            # A cancelled app: gone, or its containers are being stopped and removed.
-            if tomb is None:
-                found = self._tombstones(f"{LABEL_APP_ID}={app_id}")
-                tomb = found[0]["Labels"] if found else None
+        """The response from the app's containers, or from its tombstone when it has no
+        containers left or is being cancelled (its containers renamed); the tombstone is
+        only looked up in those cases."""
+        if not containers or any(_cancelling(c) for c in containers):
+            tomb = tombstone()
             if tomb is not None:
                 return self._from_tombstone(app_id, tomb)
-            if resp is not None and resp.state == AppState.UNKNOWN:
-                resp.state = AppState.FAILED
+            if not containers:
+                return None
+        resp = self._from_containers(app_id, containers)
+        assert resp is not None
+        if resp.state == AppState.UNKNOWN:  # replicas missing, the others ended
+            tomb = tombstone()
+            if tomb is not None:
+                return self._from_tombstone(app_id, tomb)
+            resp.state = AppState.FAILED
         return resp
 
     def _restart_counts(self, containers: _Containers) -> dict[str, int]:
@@ -864,6 +882,8 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             except ValueError:
                 continue
             state, code = _replica_state(c.get("State", ""), c.get("Status", ""))
+            if _cancelling(c):
+                state = AppState.CANCELLED
             status = ReplicaStatus(
                 id=rid,
                 state=state,
@@ -916,10 +936,10 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
 
         present = [r for r in replicas.values()]
         states = [r.state for r in present]
-        if AppState.FAILED in states:
-            state = AppState.FAILED
-        elif AppState.CANCELLED in states:
+        if AppState.CANCELLED in states:
             state = AppState.CANCELLED
+        elif AppState.FAILED in states:
+            state = AppState.FAILED
         elif missing and all(is_terminal(s) or s == AppState.UNKNOWN for s in states):
             state = AppState.UNKNOWN
             msgs.append(f"replica container(s) missing: {', '.join(missing)}")
@@ -1120,6 +1140,9 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             except ValueError:
                 timeout = DEFAULT_STOP_TIMEOUT
             try:
+                if not _cancelling(c):
+                    name = ((c.get("Names") or [""])[0]).lstrip("/") or c["Id"][:12]
+                    api.rename(c["Id"], name + CANCELLED_SUFFIX)
                 if c.get("State") in ("running", "restarting", "paused"):
                     api.stop(c["Id"], timeout=timeout)
                 api.remove_container(c["Id"], force=True)

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -466,6 +467,49 @@ def test_cancel_stops_replicas_that_ignore_sigterm_and_leaves_nothing(
     sched.purge(app_id)
     assert sched.describe(app_id) is None
     sched.cancel(app_id)  # unknown apps are ignored
+
+
+def test_describe_during_cancel_never_reports_success_or_failure(
+    sched: DockerScheduler, docker_client: Any
+) -> None:
+    # Replicas 0 and 1 exit 0 on SIGTERM right away, replica 2 ignores it for the whole grace
+    # period: while cancel waits for it, the others have exited with 0 (they must not make the
+    # app look SUCCEEDED) and been removed (they must not make it look FAILED).
+    script = (
+        'if [ "$SHIPYARD_REPLICA_ID" = 2 ]; then trap "" TERM; else trap "exit 0" TERM; fi; '
+        "echo up; while true; do sleep 0.1; done"
+    )
+    app_id = sched.submit(
+        AppDef("graceful", [sh("r", script, num_replicas=3)]), {"stop_timeout": 2}
+    )
+    wait_for(
+        lambda: all(list(sched.log_iter(app_id, "r", k)) == ["up\n"] for k in range(3)),
+        what="replicas up",
+    )
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def cancel() -> None:
+        try:
+            sched.cancel(app_id)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+        finally:
+            done.set()
+
+    seen: list[AppState] = []
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    while not done.is_set():
+        desc = sched.describe(app_id)
+        assert desc is not None
+        seen.append(desc.state)
+    thread.join()
+    assert not errors, errors
+    assert set(seen) <= {AppState.RUNNING, AppState.CANCELLED}, seen
+    assert AppState.CANCELLED in seen  # the grace period was long enough to look
+    assert sched.describe(app_id).state == AppState.CANCELLED  # type: ignore[union-attr]
+    assert app_containers(docker_client, app_id) == []
 
 
 def test_cancel_after_the_app_ended_keeps_its_final_state(sched: DockerScheduler) -> None:
