@@ -117,6 +117,8 @@ _APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 _HOSTNAME = "localhost"
 _MAX_PIDFDS = 256  # per scheduler: pidfds kept to check running replicas cheaply
+_COLLECTOR_DELAY = 0.025  # seconds after submit before a log collector process is started
+_COLLECTOR_NICE = 5  # the collector yields to the replicas
 _CHUNK = 1 << 20
 
 
@@ -398,13 +400,19 @@ _REAPER = _Reaper()
 
 class _Launcher:
     """Starts the per-app log collectors off the submit path, and evicts old finished apps
-    when idle (one background thread)."""
+    when idle (one background thread).
+
+    A collector is started :data:`_COLLECTOR_DELAY` seconds after submit; an app that has
+    already ended by then has its logs collected right here instead, so short apps never pay
+    for starting an interpreter.
+    """
 
     def __init__(self) -> None:
-        self._q: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[float, str, float]] = queue.SimpleQueue()
         self._lock = threading.RLock()  # flush() may run in a signal handler
         self._thread: threading.Thread | None = None
         self._pending = 0
+        self._flushing = False
         self._idle = threading.Condition(self._lock)
         self._evict: weakref.WeakSet[LocalScheduler] = weakref.WeakSet()
 
@@ -421,19 +429,23 @@ class _Launcher:
             if sched is not None:
                 self._evict.add(sched)
             self._ensure_thread()
-        self._q.put((app_dir, grace))
+        self._q.put((time.monotonic() + _COLLECTOR_DELAY, app_dir, grace))
 
     def _run(self) -> None:
         while True:
             try:
-                item = self._q.get(timeout=0.2 if len(self._evict) else None)
+                due, app_dir, grace = self._q.get(timeout=0.2 if len(self._evict) else None)
             except queue.Empty:
                 self._run_evictions()
                 continue
             try:
-                spawn_collector(*item)
+                wait = due - time.monotonic()
+                if wait > 0 and not self._flushing:
+                    with self._lock:
+                        self._idle.wait_for(lambda: self._flushing, wait)
+                _start_collection(app_dir, grace)
             except Exception:
-                log.warning("could not start the log collector of %s", item[0], exc_info=True)
+                log.warning("could not start the log collector of %s", app_dir, exc_info=True)
             finally:
                 with self._lock:
                     self._pending -= 1
@@ -449,14 +461,36 @@ class _Launcher:
                     self._evict.add(sched)
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Waits until every queued collector was started (called at exit)."""
+        """Starts every queued collector now and waits for that (called at exit)."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._pending and time.monotonic() < deadline:
-                self._idle.wait(0.05)
+            self._flushing = True
+            self._idle.notify_all()
+            try:
+                while self._pending and time.monotonic() < deadline:
+                    self._idle.wait(0.05)
+            finally:
+                self._flushing = False
 
     def after_fork(self) -> None:
         self.__init__()  # type: ignore[misc]
+
+
+def _start_collection(app_dir: str, grace: float) -> None:
+    """Collects the logs of an app that already ended in this process, else starts its
+    collector process."""
+    summary = rt.load_summary(app_dir)
+    if summary is None:
+        return
+    obs = rt.observe(app_dir, summary)
+    if obs is None:
+        return
+    if rt.LOGS_DONE in obs.names:
+        return
+    if not obs.running:
+        rt.collect(app_dir, grace, follow=False)  # (False: another collector is on it)
+        return
+    spawn_collector(app_dir, grace)
 
 
 _LAUNCHER = _Launcher()
@@ -487,6 +521,10 @@ def spawn_collector(app_dir: str, grace: float = DEFAULT_GRACE) -> None:
         start_new_session=True,
         close_fds=True,
     )
+    try:
+        os.setpriority(os.PRIO_PROCESS, proc.pid, _COLLECTOR_NICE)
+    except OSError:
+        pass
     _COLLECTORS[app_dir] = proc
     for done in [d for d, p in _COLLECTORS.items() if p.returncode is not None]:
         _COLLECTORS.pop(done, None)
@@ -601,8 +639,9 @@ class LocalScheduler(Scheduler[PopenRequest]):
         # apps launched by this instance and not yet seen terminal: app_id -> app_dir
         self._launched: dict[str, str] = {}
         self._inflight: dict[str, list[tuple[int, float]]] = {}
-        self._cancel_locks: dict[str, threading.Lock] = {}
-        self._fd_lock = threading.Lock()
+        # re-entrant for the same reason as _lock
+        self._cancel_locks: dict[str, threading.RLock] = {}
+        self._fd_lock = threading.RLock()
         self._pidfds: dict[tuple[str, int], int] = {}
         self._devnull = -1
         self._closed = False
@@ -1073,7 +1112,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             return
         app_dir, summary = found
         with self._lock:
-            lock = self._cancel_locks.setdefault(app_id, threading.Lock())
+            lock = self._cancel_locks.setdefault(app_id, threading.RLock())
         with lock:
             desc = self.describe(app_id)
             if desc is None or is_terminal(desc.state):
@@ -1096,7 +1135,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         for app_id, app_dir in launched.items():
             try:
                 self.cancel(app_id)
-                _finish_collector(app_dir)
+                _finish_collector(app_dir, timeout=2.0)
             except Exception:
                 log.warning("could not terminate %s", app_id, exc_info=True)
 
@@ -1269,16 +1308,21 @@ def _gang_info(summary: dict[str, Any], obs: rt.Observation) -> tuple[int | None
     text = rt.read_text(os.path.join(rt.apps_root(), summary["app_id"], rt.GANG))
     try:
         info = json.loads(text or "")
-        return int(info["replica"]), {int(g) for g in info.get("terminated", [])}
+        first, signalled = int(info["replica"]), {int(g) for g in info.get("terminated", [])}
     except (ValueError, KeyError, TypeError):
         return None, set()
+    # those that ended by a signal (ours); one that exited with a code of its own failed itself
+    return first, {g for g in signalled if g != first and _ended_by_signal(obs.codes[g])}
+
+
+def _ended_by_signal(code: int | str | None) -> bool:
+    return code == rt.LOST or (isinstance(code, int) and code < 0)
 
 
 def _states(summary: dict[str, Any], obs: rt.Observation) -> list[str]:
     first, terminated = _gang_info(summary, obs)
     return [
-        _replica_state(c, obs.cancelled or (g in terminated and g != first)).name
-        for g, c in enumerate(obs.codes)
+        _replica_state(c, obs.cancelled or g in terminated).name for g, c in enumerate(obs.codes)
     ]
 
 
@@ -1430,6 +1474,9 @@ class LogIterator:
         self._app_dir = app_dir or os.path.join(rt.apps_root(), app_id)
         self._it: Iterator[str] | None = None
         self._spawned = False
+        self._index_path = os.path.join(self._app_dir, f"{rt.INDEX_PREFIX}{replica}")
+        self._index_off = 0
+        self._committed_end = 0
 
     def __iter__(self) -> Iterator[str]:
         return itertools.chain.from_iterable(self._blocks())
@@ -1476,6 +1523,8 @@ class LogIterator:
 
     def _complete(self) -> bool:
         """True when no more bytes will be appended to the file being read."""
+        if self._replica is None:  # a plain file (made directly, not by log_iter)
+            return self._app_ended()
         if self._stream is Stream.COMBINED or self._since is not None or self._until is not None:
             return self._collected()
         return self._app_ended()
@@ -1483,8 +1532,12 @@ class LogIterator:
     # -- reading -------------------------------------------------------------------------------
 
     def _blocks(self) -> Iterator[list[str]]:
-        if self._since is None and self._until is None:
-            if self._stream is Stream.COMBINED and not self._should_tail:
+        if self._replica is None or (self._since is None and self._until is None):
+            if (
+                self._stream is Stream.COMBINED
+                and not self._should_tail
+                and self._replica is not None
+            ):
                 # a finished app's combined log is complete only once the collector is done
                 self._wait_collected()
             yield from self._read_range(0, None, self._should_tail)
@@ -1514,6 +1567,13 @@ class LogIterator:
             if not follow:
                 return
             f = None
+        # combined.log is written by the collector: only bytes its index committed are final
+        # (a collector that dies may leave bytes its successor rewrites)
+        committed = (
+            self._committed
+            if end is None and self._stream is Stream.COMBINED and self._replica is not None
+            else None
+        )
         try:
             pos = start
             pending = b""
@@ -1527,7 +1587,8 @@ class LogIterator:
                         f = None
                 chunk = b""
                 if f is not None:
-                    size = _CHUNK if end is None else min(_CHUNK, end - pos)
+                    limit = end if committed is None else committed()
+                    size = _CHUNK if limit is None else min(_CHUNK, limit - pos)
                     if size > 0:
                         f.seek(pos)
                         chunk = f.read(size)
@@ -1558,6 +1619,13 @@ class LogIterator:
         finally:
             if f is not None:
                 f.close()
+
+    def _committed(self) -> int:
+        """The end of combined.log as committed by the collector's index."""
+        entries, self._index_off = rt.read_index(self._index_path, self._index_off)
+        if entries:
+            self._committed_end = entries[-1][3]
+        return self._committed_end
 
     def _read_windowed(self) -> Iterator[list[str]]:
         """Lines whose arrival time (from the collector's index) is within [since, until]."""

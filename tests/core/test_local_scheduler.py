@@ -480,3 +480,92 @@ def test_cancel_escalates_to_sigkill(tmp_path: Path) -> None:
         assert desc is not None and desc.state == AppState.CANCELLED
     finally:
         s.close()
+
+
+def test_log_iterator_reads_a_log_file_directly(sched: LocalScheduler) -> None:
+    app_id = sched.submit(AppDef("direct", [sh(r"printf 'a\nb\nc'")]), {})
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    path = Path(state_dir(), app_id, "r", "0", "stdout.log")
+    assert list(LogIterator(app_id, "", str(path), sched, should_tail=False)) == ["a\n", "b\n", "c"]
+    assert list(LogIterator(app_id, "b|c", str(path), sched, should_tail=True)) == ["b\n", "c"]
+    it = LogIterator(app_id, "", str(path), sched)
+    assert next(it) == "a\n" and next(it) == "b\n"
+
+
+def test_tail_with_a_time_window(sched: LocalScheduler) -> None:
+    script = "i=0; while [ $i -lt 40 ]; do echo tick $i; i=$((i+1)); sleep 0.05; done"
+    app_id = sched.submit(AppDef("tailwin", [sh(script)]), {})
+    until = datetime.now() + timedelta(seconds=0.6)
+    head = list(sched.log_iter(app_id, "r", 0, should_tail=True, until=until))
+    # it stopped at `until`, before the app ended
+    assert sched.describe(app_id).state == AppState.RUNNING  # type: ignore[union-attr]
+    assert 2 <= len(head) < 40
+    assert head == [f"tick {i}\n" for i in range(len(head))]
+    since = datetime.now() + timedelta(seconds=0.3)
+    rest = list(sched.log_iter(app_id, "r", 0, should_tail=True, since=since))
+    assert sched.describe(app_id).state == AppState.SUCCEEDED  # type: ignore[union-attr]
+    assert rest and rest[-1] == "tick 39\n"
+    first = int(rest[0].split()[1])
+    assert rest == [f"tick {i}\n" for i in range(first, 40)]
+    assert first > len(head)
+
+
+def test_failed_submit_leaves_nothing_running(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    marker = f"half-submitted-{time.time_ns()}"
+    s = create_scheduler("half")
+    try:
+        app = AppDef(
+            "half",
+            [
+                Role(
+                    "a", image=str(first), entrypoint="sleep", args=["60", marker], num_replicas=2
+                ),
+                Role("b", image=str(second), entrypoint="sleep", args=["60"]),
+            ],
+        )
+        info = s.submit_dryrun(app, {})
+        second.rmdir()  # role b cannot start any more
+        with pytest.raises(OSError):
+            s.schedule(info)
+        assert not s.exists(info.request.app_id)
+        assert not os.path.exists(os.path.join(state_dir(), info.request.app_id))
+        assert not _live_with(marker)
+    finally:
+        s.close()
+
+
+def _live_with(marker: str) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmd and state != "Z":
+            out.append(int(name))
+    return out
+
+
+def test_close_keeps_apps_running_and_restores_signal_handlers() -> None:
+    import signal
+
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    s = create_cwd_scheduler("closing")
+    assert signal.getsignal(signal.SIGTERM) is not before[0]
+    app_id = s.submit(AppDef("closing", [sh("sleep 0.5; echo finished")]), {})
+    s.close()
+    s.close()  # idempotent
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    other = create_cwd_scheduler("after-close")
+    try:
+        assert wait_terminal(other, app_id) == AppState.SUCCEEDED
+        assert list(other.log_iter(app_id, "r", 0)) == ["finished\n"]
+        assert other.describe_many([app_id, "nope-1"])["nope-1"] is None
+    finally:
+        other.close()
