@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from core.runner import LogLine, Runner
@@ -277,16 +278,34 @@ def cancel_tracked(
 # --------------------------------------------------------------------------------------------
 
 
+def _flow_deadline(fctx: Any) -> tuple[float, float] | None:
+    """``(monotonic deadline, timeout)`` of the flow run attempt in ``fctx``, if it has a timeout.
+
+    Prefect enforces a flow timeout by raising in the flow's thread, which does not reach a task
+    started with ``.submit()``, nor the flow itself while it blocks on such a task's result in a
+    thread other than the main one. The task enforces it itself from this deadline.
+    """
+    timeout = getattr(getattr(fctx, "flow", None), "timeout_seconds", None)
+    state = getattr(getattr(fctx, "flow_run", None), "state", None)
+    started = getattr(state, "timestamp", None)
+    if not timeout or state is None or not state.is_running() or started is None:
+        return None
+    elapsed = (datetime.now(UTC) - started).total_seconds()
+    return time.monotonic() + float(timeout) - max(elapsed, 0.0), float(timeout)
+
+
 class CancelWatch:
     """Tells a waiting task that its run is going away, so it must stop and cancel its job.
 
-    Two signals, captured from the Prefect context of the task when it is created:
+    Three signals, captured from the Prefect context of the task when it is created:
 
     * the cancel event Prefect's ``ThreadPoolTaskRunner`` gives every submitted task and sets in
       ``cancel_all()``: when the flow's task runner shuts down (flow timeout, flow failed or
       returned while the task ran) and when the flow process got SIGTERM. Checked every nap.
-    * the flow run's state in the API, every ``check_interval`` seconds: a flow run that was
-      cancelled (``Cancelling``/``Cancelled``) or already ended.
+    * the flow's own ``timeout_seconds``, counted from the start of the flow run attempt
+      (see :func:`_flow_deadline`).
+    * the state of the flow run and of its parent flow runs in the API, every ``check_interval``
+      seconds: a flow run that was cancelled (``Cancelling``/``Cancelled``) or already ended.
 
     Tasks that run inline (not ``.submit()``-ed) get these interruptions as exceptions raised in
     their own thread instead; the API check covers a cancelled flow run for them too.
@@ -311,12 +330,15 @@ class CancelWatch:
                     self.event = event
         elif fctx is not None and fctx.flow_run is not None:
             self.flow_run_id = fctx.flow_run.id
+        self.flow_deadline = _flow_deadline(fctx) if fctx is not None else None
         self._next_check = time.monotonic() + (check_interval or 0)
 
     def local_reason(self) -> str | None:
         """Why to stop, from in-process signals only (cheap: call it often)."""
         if self.event is not None and self.event.is_set():
             return "the flow's task runner shut down (flow timed out, ended or got SIGTERM)"
+        if self.flow_deadline is not None and time.monotonic() >= self.flow_deadline[0]:
+            return f"the flow run exceeded its timeout of {self.flow_deadline[1]}s"
         return None
 
     def api_due(self) -> bool:

@@ -83,7 +83,11 @@ def sh_app(name: str, roles: dict[str, tuple[int, str]]) -> AppDef:
 
 def sleeper_app(name: str, pid_dir: Path) -> AppDef:
     """Two roles (a x1, b x2) that record their pid, say "started" and sleep for 5 minutes."""
-    script = f'echo $$ > {pid_dir}/"$0-$1.pid"; echo started; exec sleep 300'
+    # (not $$: "$$" is the macro escape for "$")
+    script = (
+        f'read -r pid rest < /proc/self/stat; echo "$pid" > {pid_dir}/"$0-$1.pid";'
+        " echo started; exec sleep 300"
+    )
     return AppDef(
         name,
         [
