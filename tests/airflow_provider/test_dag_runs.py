@@ -7,8 +7,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,57 +127,108 @@ import sys
 from datetime import datetime
 from tests.airflow_provider.fixtures import load_dag
 when = datetime.fromisoformat(sys.argv[1])
-load_dag("shipyard_test_crash").test(logical_date=when, run_after=when)
+load_dag("shipyard_test_crash").test(logical_date=when, run_after=when, run_conf={"release": sys.argv[2]})
 """
 
 
-def test_retry_after_worker_crash_reattaches_to_the_same_job(run_dag: Any, runner: Any) -> None:
+def test_retry_after_worker_crash_reattaches_to_the_same_job(
+    airflow_db: None, runner: Any, capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from airflow.models.dagrun import DagRun
+    from airflow.models.task_state_store import TaskStateStoreModel
     from airflow.models.taskinstance import TaskInstance
+    from airflow.sdk.definitions.dag import _run_task
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
     from airflow.utils.types import DagRunType
     from sqlalchemy import select
 
+    from tests.airflow_provider.fixtures import load_dag
+
     when = datetime.now(UTC).replace(microsecond=0)
     run_id = DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=when, run_after=when)
     key = idempotency_key("shipyard_test_crash", run_id, "crash", -1)
+    release = tmp_path / "release"  # the job ends once this file exists
 
     # try 1 runs in a worker process of its own, which dies (SIGKILL) while the job runs
     worker = subprocess.Popen(
-        [sys.executable, "-c", _CRASH_SCRIPT, when.isoformat()],
+        [sys.executable, "-c", _CRASH_SCRIPT, when.isoformat(), str(release)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        handle = wait_until(lambda: runner.find("local_cwd", key), timeout=120, what="try 1's job")
+        handle = wait_until(lambda: runner.find("local_cwd", key), timeout=240, what="try 1's job")
         wait_until(
             lambda: runner.status(handle).state == AppState.RUNNING, what="try 1's job RUNNING"
         )
+        # try 1 stored the handle in the task state store right after submitting it
+        with create_session() as session:
+            stored = wait_until(
+                lambda: session.scalar(
+                    select(TaskStateStoreModel.value).where(
+                        TaskStateStoreModel.run_id == run_id,
+                        TaskStateStoreModel.key == "shipyard_app_handle",
+                    )
+                ),
+                what="the stored handle",
+            )
+        assert handle in stored
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait()
     assert runner.status(handle).state == AppState.RUNNING  # the job outlived its worker
 
-    # what the scheduler does with a task whose worker vanished: the try is failed
+    # What the scheduler does with a task whose worker vanished and that has retries left: the
+    # try is recorded as failed and try 2 is scheduled. Try 2 then runs through Airflow's own
+    # in-process task runner (the one dag.test() uses) on the same DAG run.
+    task = load_dag("shipyard_test_crash").task_dict["crash"]
+    capfd.readouterr()
     with create_session() as session:
         ti = session.scalars(
             select(TaskInstance).where(
                 TaskInstance.dag_id == "shipyard_test_crash", TaskInstance.run_id == run_id
             )
         ).one()
-        assert ti.try_number == 1
-        ti.state = TaskInstanceState.FAILED
+        assert (ti.try_number, ti.state) == (1, TaskInstanceState.RUNNING)
+        ti.prepare_db_for_next_try(session)
+        ti.try_number = 2
+        ti.state = TaskInstanceState.SCHEDULED
+        session.commit()
+        ti_id = ti.id
 
-    # try 2 (dag.test() reruns the run's failed task) follows the same job
-    result = run_dag("shipyard_test_crash", logical_date=when, run_after=when)
-    assert result.states == {"crash": "success"}
-    assert result.task_instance("crash").try_number == 2
-    assert result.xcom("crash") == handle
-    assert result.lines("crash/0 finished")
+        def release_once_try_2_runs() -> None:
+            # let try 2 start and find the job still RUNNING, then let the job finish
+            with create_session() as s2:
+                wait_until(
+                    lambda: (
+                        s2.scalar(select(TaskInstance.state).where(TaskInstance.id == ti_id))
+                        == TaskInstanceState.RUNNING
+                    ),
+                    timeout=240,
+                    what="try 2 RUNNING",
+                )
+            time.sleep(3)  # not a synchronisation: either outcome below is a correct re-attach
+            release.touch()
+
+        releaser = threading.Thread(target=release_once_try_2_runs, daemon=True)
+        releaser.start()
+        _run_task(ti=ti, task=task)
+        session.commit()
+        releaser.join(60)
+    log = capfd.readouterr().out
+
+    with create_session() as session:
+        ti = session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.dag_id == "shipyard_test_crash", TaskInstance.run_id == run_id
+            )
+        ).one()
+        assert (ti.try_number, ti.state) == (2, TaskInstanceState.SUCCESS)
+    assert "Reconnecting to existing job" in log or "Job already completed successfully" in log
+    assert "crash/0 finished" in log
     # one job in the backend, not two
     assert runner.find("local_cwd", key + ":try2") is None
-    assert [a for a in runner.list("local_cwd") if a.app_handle == handle]
+    assert "submitted local_cwd://" not in log
     assert runner.status(handle).state == AppState.SUCCEEDED

@@ -66,9 +66,15 @@ with _dag("shipyard_test_timeout") as timeout_dag:
     )
 
 with _dag("shipyard_test_crash") as crash_dag:
+    # the job runs until the file dag_run.conf["release"] exists (at most 60 s)
     ShipyardOperator(
         task_id="crash",
-        app=sh("crash", "echo started; sleep 6; echo finished"),
+        app=sh(
+            "crash",
+            'echo started; i=0; while [ ! -e "$RELEASE" ] && [ "$i" -lt 600 ]; do'
+            " sleep 0.1; i=$((i + 1)); done; echo finished",
+        ),
+        env={"RELEASE": "{{ dag_run.conf.get('release', '/nonexistent') }}"},
         scheduler=SCHEDULER,
         poll_interval=0.5,
         retries=2,
