@@ -97,8 +97,16 @@ def engine(request: pytest.FixtureRequest, docker_client: Any) -> Iterator[Priva
             capture_output=True, timeout=120,
         )  # fmt: skip
         d.stop()
-        subprocess.run(["umount", "-R", str(root)], capture_output=True)
+        _unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _unmount_under(root: Path) -> None:
+    """Unmounts what dockerd left mounted under ``root`` (its data root is a bind mount)."""
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for point in sorted((p for p in points if p.startswith(f"{root}/")), reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
 
 
 @pytest.fixture
