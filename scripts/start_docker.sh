@@ -44,11 +44,33 @@ fi
 
 docker_up() { docker info >/dev/null 2>&1; }
 
+start_dockerd() {
+    # containerd is started by dockerd itself when it is not running.
+    log "starting dockerd (log: $DOCKERD_LOG)"
+    nohup dockerd --iptables=false >>"$DOCKERD_LOG" 2>&1 </dev/null &
+}
+
+# An engine whose default bridge (docker0) has vanished cannot start containers on the default
+# network; restarting dockerd recreates it.
+if docker_up && [ ! -e /sys/class/net/docker0 ]; then
+    log "the docker0 bridge is missing: restarting dockerd"
+    if command -v systemctl >/dev/null && systemctl is-active --quiet docker 2>/dev/null; then
+        systemctl restart docker
+    else
+        pid="$(pgrep -o -x dockerd || true)"
+        if [ -n "$pid" ]; then
+            kill "$pid"
+            for _ in $(seq 1 120); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.5
+            done
+        fi
+    fi
+fi
+
 if ! docker_up; then
     if ! pgrep -x dockerd >/dev/null 2>&1; then
-        # containerd is started by dockerd itself when it is not running.
-        log "starting dockerd (log: $DOCKERD_LOG)"
-        nohup dockerd --iptables=false >>"$DOCKERD_LOG" 2>&1 </dev/null &
+        start_dockerd
     fi
     for _ in $(seq 1 120); do
         docker_up && break

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -123,6 +124,8 @@ _IMAGE_REF_RE = (
 _IMAGE_ID_RE = r"^(?:sha256:)?[0-9a-f]{12,64}$"
 _VOLUME_NAME_RE = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# the payload size in a log frame's 8-byte header (stream, 0, 0, 0, size as big-endian uint32)
+_FRAME_SIZE = struct.Struct(">I").unpack_from
 # a log message's timestamp prefix: RFC3339NanoFixed in UTC plus a space
 _TS_LEN = len("2006-01-02T15:04:05.000000000Z ")
 _EXIT_CODE_RE = re.compile(r"\((-?\d+)\)")
@@ -272,7 +275,7 @@ def _replica_state(state: str, status: str) -> tuple[AppState, int | None]:
 def _body_reader(raw: Any) -> Iterator[bytes]:
     """The body of a streamed HTTP response (a urllib3 response), in pieces of whatever has
     arrived: one read of the socket buffer at a time, de-chunked here when the body is chunked,
-    instead of one read per HTTP chunk."""
+    instead of one read per HTTP chunk (the engine sends one chunk per log message)."""
     hres = getattr(raw, "_fp", None)  # the http.client response
     fp = getattr(hres, "fp", None)  # its buffered socket reader
     if fp is None or not hasattr(fp, "read1") or getattr(hres, "chunk_left", None) is not None:
@@ -280,43 +283,39 @@ def _body_reader(raw: Any) -> Iterator[bytes]:
             yield data
         return
     if not getattr(hres, "chunked", False):
-        while data := fp.read1(1 << 16):
+        left = getattr(hres, "length", None)  # None: until the connection closes
+        while (left is None or left > 0) and (
+            data := fp.read1(1 << 16 if left is None else min(left, 1 << 16))
+        ):
+            if left is not None:
+                left -= len(data)
             yield data
         return
     pending = bytearray()
-    left = 0  # bytes of the current chunk still to come (then its CRLF)
-    crlf = False
     while data := fp.read1(1 << 16):
         pending += data
-        out = bytearray()
+        pieces: list[bytearray] = []
         pos, n = 0, len(pending)
-        while True:
-            if left:
-                take = min(left, n - pos)
-                out += pending[pos : pos + take]
-                pos += take
-                left -= take
-                if left:
-                    break
-                crlf = True
-            if crlf:
-                if n - pos < 2:
-                    break
-                pos += 2
-                crlf = False
-            eol = pending.find(b"\r\n", pos)
-            if eol < 0:
+        # whole chunks only ("<hex size>\r\n<data>\r\n"): a partial one waits for more data
+        while (eol := pending.find(b"\r\n", pos)) >= 0:
+            head = pending[pos:eol]
+            try:
+                size = int(head, 16)
+            except ValueError:  # chunk extensions
+                size = int(bytes(head).split(b";")[0], 16)
+            start = eol + 2
+            end = start + size
+            if end + 2 > n:
                 break
-            size = int(bytes(pending[pos:eol]).split(b";")[0], 16)
-            pos = eol + 2
             if size == 0:
-                if out:
-                    yield bytes(out)
+                if pieces:
+                    yield b"".join(pieces)
                 return
-            left = size
+            pieces.append(pending[start:end])
+            pos = end + 2
         del pending[:pos]
-        if out:
-            yield bytes(out)
+        if pieces:
+            yield b"".join(pieces)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1354,7 +1353,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
                     tty = not (buf[0] in (0, 1, 2) and buf[1:4] == b"\0\0\0")
                 elif tty is None:
                     continue
-                out: list[bytes] = []
+                out: list[bytes | bytearray] = []
                 if tty:  # no frames: lines
                     end = buf.rfind(b"\n") + 1
                     for line in bytes(buf[:end]).splitlines(keepends=True):
@@ -1367,16 +1366,14 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
                 else:
                     pos, n = 0, len(buf)
                     while n - pos >= 8:
-                        end = pos + 8 + int.from_bytes(buf[pos + 4 : pos + 8], "big")
+                        end = pos + 8 + _FRAME_SIZE(buf, pos + 4)[0]
                         if end > n:
                             break
-                        if stamped:
-                            ts = bytes(buf[pos + 8 : pos + 7 + _TS_LEN])
-                            if ts > latest:
-                                latest = ts
-                                out.append(bytes(buf[pos + 8 + skip : end]))
-                        else:
-                            out.append(bytes(buf[pos + 8 : end]))
+                        if not stamped:
+                            out.append(buf[pos + 8 : end])
+                        elif (ts := bytes(buf[pos + 8 : pos + 7 + _TS_LEN])) > latest:
+                            latest = ts
+                            out.append(buf[pos + 8 + skip : end])
                         pos = end
                     del buf[:pos]
                 if out:
