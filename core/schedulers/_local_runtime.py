@@ -15,10 +15,10 @@ Layout of one app's state directory (``<state>/local/<app_id>/``)::
     collector.lock    flock'ed by the live collector (released by the kernel when it dies)
     idx.<g>           time index of replica g's logs: "time out_off err_off comb_off" lines
     logs_done         the collector consumed every byte of every replica's output
-    <role>/<k>/{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
+    <role>/<k>.{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
 
-Replica stdout/stderr go straight from the process into ``stdout.log``/``stderr.log`` (so no byte
-is ever lost, whoever dies); the collector tails those files and writes ``combined.log``
+Replica stdout/stderr go straight from the process into ``<k>.stdout.log``/``<k>.stderr.log``
+(so no byte is ever lost, whoever dies); the collector tails them and writes ``<k>.combined.log``
 (whole lines, in the order it saw them arrive) and the time index used for ``since``/``until``.
 """
 
@@ -634,14 +634,14 @@ class _Stream:
 
 
 class _ReplicaLogs:
-    def __init__(self, app_dir: str, g: int, log_dir: str) -> None:
+    def __init__(self, app_dir: str, g: int, rep: dict[str, Any]) -> None:
         self.g = g
         self.idx_path = os.path.join(app_dir, f"{INDEX_PREFIX}{g}")
         entries, end = read_index(self.idx_path)
         out_off = err_off = comb_off = 0
         if entries:
             _, out_off, err_off, comb_off = entries[-1]
-        comb_path = os.path.join(log_dir, "combined.log")
+        comb_path = rep["comb"]
         # resume after a collector that died: drop what it wrote after its last index entry
         self.comb_fd = os.open(comb_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         os.ftruncate(self.comb_fd, comb_off)
@@ -650,8 +650,8 @@ class _ReplicaLogs:
         os.ftruncate(self.idx_fd, end)
         os.lseek(self.idx_fd, end, os.SEEK_SET)
         self.comb_off = comb_off
-        self.out = _Stream(os.path.join(log_dir, "stdout.log"), out_off)
-        self.err = _Stream(os.path.join(log_dir, "stderr.log"), err_off)
+        self.out = _Stream(rep["out"], out_off)
+        self.err = _Stream(rep["err"], err_off)
         self.pending = False
         self.last_index = 0.0
         self.exited = False
@@ -761,7 +761,7 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
 
     replicas = summary["replicas"]
     leaders = replica_leaders(summary)
-    logs = [_ReplicaLogs(app_dir, g, r["log_dir"]) for g, r in enumerate(replicas)]
+    logs = [_ReplicaLogs(app_dir, g, r) for g, r in enumerate(replicas)]
     pidfds = open_pidfds(leaders) if follow else None
     poller = select.poll()
     for fd in pidfds or ():

@@ -13,11 +13,13 @@ replica runs under a tiny ``/bin/sh`` wrapper that records it) and a few markers
 ``list``, ``exists``, ``log_iter`` and ``cancel`` work from any process on the host, also after the
 submitting process exited; apps keep running when it does.
 
-**Logs.** A replica writes its stdout and stderr straight into ``stdout.log`` and ``stderr.log``
-(under cfg ``log_dir``/``<app_id>/<role>/<k>/`` or, by default, in the app's state directory). A
-small per-app collector process, started right after the replicas, writes ``combined.log`` (whole
-lines of both streams in the order it saw them arrive) and a coarse time index that
-``log_iter``'s ``since``/``until`` use.
+**Logs.** A replica writes its stdout and stderr straight into ``<k>.stdout.log`` and
+``<k>.stderr.log`` in ``<role>/`` of the app's log directory (``<log_dir>/<app_id>/`` with cfg
+``log_dir``, else the app's state directory). A small per-app collector writes
+``<k>.combined.log`` (whole lines of both streams in the order it saw them arrive) and a coarse
+time index that ``log_iter``'s ``since``/``until`` use. The collector of an app still running
+25 ms after submit is a separate process (it survives the submitting process); a shorter app
+has its logs collected by the submitting process itself.
 
 **Nothing is orphaned.** ``cancel`` sends SIGTERM to the process group of every replica at once,
 waits for them with short polls, sends SIGKILL after a grace period (:data:`DEFAULT_GRACE`), and
@@ -107,10 +109,15 @@ DEFAULT_GRACE = rt.DEFAULT_GRACE
 #: the environment variable holding the host of replica 0 (value of the ``rank0_env`` macro)
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
 
-# Records the exit code of the command; trapping TERM/INT/HUP keeps the wrapper alive to do so
-# while the command itself gets the default dispositions (traps are reset on exec). The shell's
-# own stderr goes to /dev/null so that its "Terminated" notices never reach the replica's log.
-_WRAPPER = 'trap : TERM INT HUP; exec 3>&2 2>/dev/null; (exec "$@" 2>&3 3>&-); echo $? > "$0"'
+# The replica's wrapper: ``sh -c _WRAPPER EXIT_FILE STDOUT_LOG STDERR_LOG CMD ARGS...``.
+# It opens the log files itself (so the submit path creates no files), records the exit code of
+# the command; trapping TERM/INT/HUP keeps it alive to do so while the command gets the default
+# dispositions (traps are reset on exec). The shell's own stderr goes to /dev/null so that its
+# "Terminated" notices never reach the replica's log.
+_WRAPPER = (
+    'trap : TERM INT HUP; exec >>"$1" 2>>"$2" 3>&2 2>/dev/null; shift 2;'
+    ' (exec "$@" 2>&3 3>&-); echo $? > "$0"'
+)
 _SH = "/bin/sh"
 
 _APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -702,13 +709,13 @@ class LocalScheduler(Scheduler[PopenRequest]):
                     img_root=img_root, app_id=app_id, replica_id=str(k), rank0_env=RANK0_ENV
                 )
                 replica_role = values.apply(role)
-                replica_dir = os.path.join(log_dir, role.name, str(k))
+                replica_dir = os.path.join(log_dir, role.name)
                 param = provider.get_replica_param(
                     img_root,
                     replica_role,
-                    stdout=os.path.join(replica_dir, "stdout.log"),
-                    stderr=os.path.join(replica_dir, "stderr.log"),
-                    combined=os.path.join(replica_dir, "combined.log"),
+                    stdout=os.path.join(replica_dir, f"{k}.stdout.log"),
+                    stderr=os.path.join(replica_dir, f"{k}.stderr.log"),
+                    combined=os.path.join(replica_dir, f"{k}.combined.log"),
                 )
                 cwd = param.cwd or os.getcwd()
                 path = param.env.get("PATH", base_path)
@@ -808,8 +815,10 @@ class LocalScheduler(Scheduler[PopenRequest]):
         app_id = request.app_id
         _check_app_id(app_id)
         app_dir = os.path.join(rt.apps_root(), app_id)
-        os.makedirs(rt.apps_root(), exist_ok=True)
         try:
+            os.mkdir(app_dir, 0o700)
+        except FileNotFoundError:
+            os.makedirs(rt.apps_root(), exist_ok=True)
             os.mkdir(app_dir, 0o700)
         except FileExistsError:
             raise ValueError(f"app_id: {app_id} was already submitted") from None
@@ -821,31 +830,30 @@ class LocalScheduler(Scheduler[PopenRequest]):
         procs: list[subprocess.Popen[bytes]] = []
         with self._lock:
             self._inflight[app_id] = started
+        made: set[str] = {app_dir}
         try:
             g = 0
             for role_index, (role_name, params) in enumerate(request.role_params.items()):
                 for k, param in enumerate(params):
                     replica_dir = request.role_log_dirs[role_name][k]
-                    os.makedirs(replica_dir, exist_ok=True)
-                    out_fd = _open_log(param.stdout or os.path.join(replica_dir, "stdout.log"))
-                    try:
-                        err_fd = _open_log(param.stderr or os.path.join(replica_dir, "stderr.log"))
-                        try:
-                            spawned = time.time()
-                            proc = subprocess.Popen(
-                                [_SH, "-c", _WRAPPER, os.path.join(app_dir, f"exit.{g}")]
-                                + param.args,
-                                stdin=self._devnull,
-                                stdout=out_fd,
-                                stderr=err_fd,
-                                cwd=param.cwd,
-                                env={**base_env, **param.env},
-                                start_new_session=True,
-                            )
-                        finally:
-                            os.close(err_fd)
-                    finally:
-                        os.close(out_fd)
+                    out = param.stdout or os.path.join(replica_dir, f"{k}.stdout.log")
+                    err = param.stderr or os.path.join(replica_dir, f"{k}.stderr.log")
+                    comb = param.combined or os.path.join(replica_dir, f"{k}.combined.log")
+                    for d in {os.path.dirname(out), os.path.dirname(err), os.path.dirname(comb)}:
+                        if d not in made:
+                            os.makedirs(d, exist_ok=True)
+                            made.add(d)
+                    spawned = time.time()
+                    proc = subprocess.Popen(
+                        [_SH, "-c", _WRAPPER, os.path.join(app_dir, f"exit.{g}"), out, err]
+                        + param.args,
+                        stdin=self._devnull,
+                        stdout=self._devnull,
+                        stderr=self._devnull,
+                        cwd=param.cwd,
+                        env={**base_env, **param.env},
+                        start_new_session=True,
+                    )
                     started.append((proc.pid, spawned))
                     procs.append(proc)
                     replicas.append(
@@ -855,7 +863,9 @@ class LocalScheduler(Scheduler[PopenRequest]):
                             "k": k,
                             "pid": proc.pid,
                             "t": spawned,
-                            "log_dir": replica_dir,
+                            "out": out,
+                            "err": err,
+                            "comb": comb,
                         }
                     )
                     g += 1
@@ -1086,7 +1096,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 f" (roles: {roles})"
             )
         rep = summary["replicas"][g]
-        path = os.path.join(rep["log_dir"], f"{stream.value}.log")
+        path = rep[{Stream.STDOUT: "out", Stream.STDERR: "err", Stream.COMBINED: "comb"}[stream]]
         return LogIterator(
             app_id,
             regex or "",
@@ -1231,10 +1241,6 @@ class LocalScheduler(Scheduler[PopenRequest]):
 def _check_app_id(app_id: str) -> None:
     if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
         raise ValueError(f"app_id: expected letters, digits, '_', '.', '-', got {app_id!r}")
-
-
-def _open_log(path: str) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
 
 
 def _key_path(key: str) -> str:

@@ -173,7 +173,10 @@ def test_app_of_another_process_is_cancelled_from_here(sched: LocalScheduler) ->
         ])
         """
     )
-    wait_for(lambda: list(sched.log_iter(app_id, "a", 3, streams=Stream.STDOUT)), what="output")
+    wait_for(
+        lambda: all(list(sched.log_iter(app_id, "a", k, streams=Stream.STDOUT)) for k in range(4)),
+        what="output",
+    )
     followed: list[str] = []
     follower = threading.Thread(
         target=lambda: followed.extend(sched.log_iter(app_id, "a", 0, should_tail=True))
