@@ -86,6 +86,19 @@ def sched(docker_client: Any, image: str) -> Iterator[DockerScheduler]:
     assert not leftovers and not nets, "the test left containers or networks behind"
 
 
+@pytest.fixture
+def built_images(docker_client: Any) -> Iterator[set[str]]:
+    """Ids of the images a test builds; removed (with their tags) afterwards."""
+    ids: set[str] = set()
+    yield ids
+    for image_id in ids:
+        try:
+            docker_client.api.remove_image(image_id, force=True)
+        except Exception as e:  # already gone
+            if getattr(e, "status_code", None) != 404:
+                raise
+
+
 def wait_terminal(
     sched: DockerScheduler, app_id: str, timeout: float = 60, every_replica: bool = False
 ) -> DescribeAppResponse:
@@ -685,7 +698,7 @@ def test_runner_runs_waits_and_reattaches_by_idempotency_key(sched: DockerSchedu
 
 
 def test_workspace_overlay_is_visible_in_the_container(
-    sched: DockerScheduler, docker_client: Any, tmp_path: Path
+    sched: DockerScheduler, docker_client: Any, tmp_path: Path, built_images: set[str]
 ) -> None:
     ws = tmp_path / "ws"
     (ws / "pkg").mkdir(parents=True)
@@ -697,27 +710,25 @@ def test_workspace_overlay_is_visible_in_the_container(
     (ws / ".git" / "HEAD").write_text("ignored\n")
 
     image_id = sched.build_workspace_image(IMAGE, str(ws))
-    try:
-        assert image_id.startswith("sha256:")
-        app = AppDef("ws", [Role("main", image=IMAGE, entrypoint="./run.sh")])
-        app_id = sched.submit(app, {"quiet": True}, workspace=str(ws))
-        assert wait_terminal(sched, app_id).state == AppState.SUCCEEDED
-        assert list(sched.log_iter(app_id, "main")) == ["running\n", "workspace content\n"]
-        used = docker_client.api.inspect_container(f"{app_id}-main-0")["Image"]
-        assert used != docker_client.images.get(IMAGE).id  # ran on the patched image
-        sched.purge(app_id)
+    built_images.add(image_id)
+    assert image_id.startswith("sha256:")
+    app = AppDef("ws", [Role("main", image=IMAGE, entrypoint="./run.sh")])
+    app_id = sched.submit(app, {"quiet": True}, workspace=str(ws))
+    used = docker_client.api.inspect_container(f"{app_id}-main-0")["Image"]
+    built_images.add(used)
+    assert used != docker_client.images.get(IMAGE).id  # runs on the patched image
+    assert wait_terminal(sched, app_id).state == AppState.SUCCEEDED
+    assert list(sched.log_iter(app_id, "main")) == ["running\n", "workspace content\n"]
+    sched.purge(app_id)
 
-        # .git is skipped and the generated Dockerfile is not copied
-        check = AppDef("check", [sh("c", "ls -a / | tr '\\n' ' '", image=image_id)])
-        app_id = sched.submit(check, {})
-        assert wait_terminal(sched, app_id).state == AppState.SUCCEEDED
-        listing = "".join(sched.log_iter(app_id, "c")).split()
-        assert "pkg" in listing and "run.sh" in listing
-        assert ".git" not in listing and not any("Dockerfile" in n for n in listing)
-        sched.purge(app_id)
-    finally:
-        for img in docker_client.api.images(filters={"label": "shipyard.workspace=1"}):
-            docker_client.api.remove_image(img["Id"], force=True)
+    # .git is skipped and the generated Dockerfile is not copied
+    check = AppDef("check", [sh("c", "ls -a / | tr '\\n' ' '", image=image_id)])
+    app_id = sched.submit(check, {})
+    assert wait_terminal(sched, app_id).state == AppState.SUCCEEDED
+    listing = "".join(sched.log_iter(app_id, "c")).split()
+    assert "pkg" in listing and "run.sh" in listing
+    assert ".git" not in listing and not any("Dockerfile" in n for n in listing)
+    sched.purge(app_id)
 
     with pytest.raises(ValueError, match="not present"):
         sched.build_workspace_image("shipyard-test/nope:1", str(ws))
@@ -734,26 +745,35 @@ def _registry_problem() -> str | None:
 
 
 def test_workspace_image_is_pushed_to_the_loopback_registry(
-    sched: DockerScheduler, docker_client: Any, tmp_path: Path
+    sched: DockerScheduler, docker_client: Any, tmp_path: Path, built_images: set[str]
 ) -> None:
     require("docker", _registry_problem())
     (tmp_path / "hello.txt").write_text("pushed\n")
     repo = f"{REGISTRY}/shipyard-test/ws-{uuid.uuid4().hex[:8]}"
     app = AppDef("push", [Role("p", image=IMAGE, entrypoint="cat", args=["hello.txt"])])
-    try:
-        app_id = sched.submit(app, {"image_repo": repo, "quiet": True}, workspace=str(tmp_path))
-        assert wait_terminal(sched, app_id).state == AppState.SUCCEEDED
-        assert list(sched.log_iter(app_id, "p")) == ["pushed\n"]
-        desc = sched.describe(app_id)
-        assert desc is not None
-        pushed = desc.roles[0].image
-        assert pushed.startswith(f"{repo}:")
-        config = docker_client.api.inspect_container(f"{app_id}-p-0")["Config"]
-        assert config["Image"] == pushed
-        tag = pushed.rsplit(":", 1)[1]
-        path = repo.split("/", 1)[1]
-        with urllib.request.urlopen(f"http://{REGISTRY}/v2/{path}/tags/list", timeout=10) as r:
-            assert json.load(r)["tags"] == [tag]
-    finally:
-        for img in docker_client.api.images(filters={"label": "shipyard.workspace=1"}):
-            docker_client.api.remove_image(img["Id"], force=True)
+    app_id = sched.submit(app, {"image_repo": repo, "quiet": True}, workspace=str(tmp_path))
+    built_images.add(docker_client.api.inspect_container(f"{app_id}-p-0")["Image"])
+    assert wait_terminal(sched, app_id).state == AppState.SUCCEEDED
+    assert list(sched.log_iter(app_id, "p")) == ["pushed\n"]
+    desc = sched.describe(app_id)
+    assert desc is not None
+    pushed = desc.roles[0].image
+    assert pushed.startswith(f"{repo}:")
+    config = docker_client.api.inspect_container(f"{app_id}-p-0")["Config"]
+    assert config["Image"] == pushed
+    tag = pushed.rsplit(":", 1)[1]
+    path = repo.split("/", 1)[1]
+    with urllib.request.urlopen(f"http://{REGISTRY}/v2/{path}/tags/list", timeout=10) as r:
+        assert json.load(r)["tags"] == [tag]
+    # the registry serves the manifest; delete it again (the registry allows deletes)
+    manifest = f"http://{REGISTRY}/v2/{path}/manifests/{tag}"
+    accept = {"Accept": "application/vnd.docker.distribution.manifest.v2+json"}
+    head = urllib.request.Request(manifest, method="HEAD", headers=accept)
+    with urllib.request.urlopen(head, timeout=10) as r:
+        digest = r.headers["Docker-Content-Digest"]
+    assert digest.startswith("sha256:")
+    delete = urllib.request.Request(
+        f"http://{REGISTRY}/v2/{path}/manifests/{digest}", method="DELETE"
+    )
+    with urllib.request.urlopen(delete, timeout=10) as r:
+        assert r.status == 202
