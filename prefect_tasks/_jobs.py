@@ -42,6 +42,8 @@ MAX_GENERATIONS = 1000
 #: longest uninterrupted sleep while waiting: bounds how late an injected exception (Prefect's
 #: timeout in a worker thread) or a set cancel event is noticed
 _NAP = 0.2
+#: consecutive failed status polls tolerated (a backend hiccup) before the wait fails
+STATUS_ERRORS_TOLERATED = 3
 #: how long a finished job's log forwarder gets to deliver its last lines
 _LOG_DRAIN_TIMEOUT = 30.0
 
@@ -509,6 +511,40 @@ def is_interrupt(exc: BaseException) -> bool:
     return not isinstance(exc, Exception) and not isinstance(exc, GeneratorExit)
 
 
+class _Poller:
+    """Reads a job's status, tolerating up to :data:`STATUS_ERRORS_TOLERATED` consecutive errors."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        handle: AppHandle,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
+        self.runner = runner
+        self.handle = handle
+        self.logger = logger
+        self.errors = 0
+
+    def poll(self) -> tuple[bool, AppStatus | None]:
+        """``(read, status)``: ``read`` is False after a tolerated error."""
+        try:
+            status = self.runner.status(self.handle)
+        except Exception as e:
+            self.errors += 1
+            if self.errors > STATUS_ERRORS_TOLERATED:
+                raise
+            self.logger.warning(
+                "reading the status of %s failed (%d of %d tolerated): %s",
+                self.handle,
+                self.errors,
+                STATUS_ERRORS_TOLERATED,
+                e,
+            )
+            return False, None
+        self.errors = 0
+        return True, status
+
+
 def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
@@ -540,7 +576,8 @@ def wait_sync(
     """Polls ``handle`` until it is final and returns its status (None if the app is unknown).
 
     Interrupted (see :func:`is_interrupt`) or told to stop by ``watch``, it cancels the job and
-    raises. An ordinary error (the backend briefly unreachable) propagates and leaves the job alone.
+    raises. A few consecutive errors reading the status are tolerated (logged); more propagate
+    and leave the job alone, so that a retry can pick it up again.
 
     Raises:
         TimeoutError: after ``timeout`` seconds (the job is cancelled if ``cancel_on_timeout``).
@@ -548,10 +585,11 @@ def wait_sync(
     """
     deadline = _deadline(timeout)
     delay = min(0.05, poll_interval)
+    poller = _Poller(runner, handle, logger)
     try:
         while True:
-            status = runner.status(handle)
-            if status is None or status.is_terminal():
+            read, status = poller.poll()
+            if read and (status is None or status.is_terminal()):
                 untrack(handle)
                 return status
             reason = watch.reason()
@@ -585,10 +623,11 @@ async def wait_async(
     """
     deadline = _deadline(timeout)
     delay = min(0.05, poll_interval)
+    poller = _Poller(runner, handle, logger)
     try:
         while True:
-            status = await asyncio.to_thread(runner.status, handle)
-            if status is None or status.is_terminal():
+            read, status = await asyncio.to_thread(poller.poll)
+            if read and (status is None or status.is_terminal()):
                 untrack(handle)
                 return status
             reason = watch.local_reason()
