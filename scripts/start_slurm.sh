@@ -61,7 +61,7 @@ done
 if [ "$need_install" = 1 ]; then
     log "installing slurm-wlm munge mariadb-server slurmdbd"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    apt-get update -qq || log "apt-get update failed; trying the package lists already here"
     # policy-rc.d 101: the packages must not try to start services (no init system here).
     had_policy=0
     [ -e /usr/sbin/policy-rc.d ] && had_policy=1

@@ -494,10 +494,12 @@ def _parse_sacct(out: str) -> dict[str, _JobInfo]:
 class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
     """Runs apps on a Slurm cluster as heterogeneous jobs (see the module docs).
 
-    ``describe`` asks ``squeue`` (one call, also for jobs that ended recently) and ``sacct``
-    only for jobs the controller no longer knows or that were requeued; without accounting
-    a finished job is described from the controller's records until it purges them
-    (``MinJobAge``). Replica ``k`` of role ``r`` is the het-job component named ``r-k``.
+    ``describe`` asks ``squeue --states=all`` (one call; it also reports jobs that ended
+    recently, with each component's exit code) and ``sacct`` only for jobs the controller no
+    longer knows or that were requeued. Without accounting (``sacct`` fails), a finished job is
+    described from the controller's own records, the ones ``scontrol show job`` prints, until
+    the controller purges them (``MinJobAge``). Replica ``k`` of role ``r`` is the het-job
+    component named ``r-k``.
 
     Args:
         session_name: the session the apps are submitted under
