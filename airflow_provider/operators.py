@@ -48,6 +48,8 @@ __all__ = ["ShipyardJobFailedError", "ShipyardOperator"]
 # how long the task waits for the last log lines after the app ended
 _LOG_DRAIN_TIMEOUT = 30.0
 _END = object()
+# consecutive failed status calls tolerated while waiting
+_MAX_STATUS_ERRORS = 5
 
 
 class ShipyardJobFailedError(AirflowException):
@@ -390,10 +392,23 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         delay = min(0.05, self.poll_interval)
         next_poll = 0.0
         ended = False
+        errors = 0
         while True:
             now = time.monotonic()
             if now >= next_poll:
-                status = runner.status(handle)
+                try:
+                    status = runner.status(handle)
+                    errors = 0
+                except Exception as e:
+                    # a backend hiccup must not fail the task (and leave the job unwatched)
+                    errors += 1
+                    if errors >= _MAX_STATUS_ERRORS:
+                        raise
+                    self.log.warning(
+                        "cannot describe %s (%d/%d): %s", handle, errors, _MAX_STATUS_ERRORS, e
+                    )
+                    next_poll = now + self.poll_interval
+                    continue
                 if status is None or status.is_terminal():
                     break
                 next_poll = now + delay

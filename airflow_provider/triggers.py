@@ -28,6 +28,8 @@ __all__ = ["ShipyardJobTrigger"]
 
 # how long the trigger waits for the last log lines after the app ended
 _LOG_DRAIN_TIMEOUT = 30.0
+# consecutive failed status calls tolerated before the trigger gives up
+_MAX_STATUS_ERRORS = 5
 # triggers that wake within this window share one status_many call
 _BATCH_WINDOW = 0.05
 
@@ -143,12 +145,27 @@ class ShipyardJobTrigger(BaseTrigger):
         try:
             if follower is not None:
                 follower.start()
+            errors = 0
             while True:
                 try:
                     status = await poller.status(self.app_handle)
+                    errors = 0
                 except Exception as e:
-                    yield self._event("error", "UNKNOWN", f"cannot describe {self.app_handle}: {e}")
-                    return
+                    errors += 1
+                    if errors >= _MAX_STATUS_ERRORS:
+                        yield self._event(
+                            "error", "UNKNOWN", f"cannot describe {self.app_handle}: {e}"
+                        )
+                        return
+                    self.log.warning(
+                        "cannot describe %s (%d/%d): %s",
+                        self.app_handle,
+                        errors,
+                        _MAX_STATUS_ERRORS,
+                        e,
+                    )
+                    await asyncio.sleep(self.poll_interval)
+                    continue
                 if status is None:
                     yield self._event(
                         "error", "UNKNOWN", f"app {self.app_handle} is unknown to its scheduler"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from tests.airflow_provider.airflow_env import EXAMPLE_DAGS, TEST_DAGS, migrate
 __all__ = ["DagResult", "airflow_db", "load_dag", "run_dag", "runner"]
 
 _migrated = False
+# what the console log renderer appends after a message: padding, [logger] and loc=file:line
+_TAIL = re.compile(r"\s*\[[\w.]+\](\s+\S+=\S+)*\s*$")
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +109,24 @@ class DagResult:
 
     def lines(self, needle: str) -> list[str]:
         return [line for line in self.log.splitlines() if needle in line]
+
+    def job_lines(self, prefix: str) -> list[str]:
+        """The job's lines starting with ``prefix`` (e.g. ``"trainer/0 "``), in log order.
+
+        Only the message is kept: the timestamp, level, logger name and source location that
+        Airflow's console log adds around it are cut off.
+        """
+        out = []
+        for line in self.log.splitlines():
+            at = line.find(prefix)
+            if (
+                at < 0
+                or "operators.ShipyardOperator" not in line
+                and "ShipyardJobTrigger" not in line
+            ):
+                continue
+            out.append(_TAIL.sub("", line[at:]))
+        return out
 
 
 @pytest.fixture

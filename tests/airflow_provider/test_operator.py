@@ -247,3 +247,23 @@ def test_appdef_and_dict_strings_are_templated_but_not_loaded_as_files() -> None
         assert op._app_def().roles[0].args[1] in ("conf.yaml", "c.yml")
     # the DAG's AppDef is not modified by rendering (the next run renders it afresh)
     assert isinstance(original, AppDef) and original.roles[0].args[0] == "{{ run_id }}"
+
+
+def test_transient_status_errors_do_not_fail_the_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend hiccup (which the real backends cannot produce on demand) is retried."""
+    from core.runner import Runner
+
+    real = Runner.status
+    failures = iter([True, True])  # the first two status calls after submission fail
+
+    def flaky(self: Runner, handle: str) -> Any:
+        if next(failures, False):
+            raise OSError("backend hiccup")
+        return real(self, handle)
+
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(task_id="job", app=sh("hiccup", "sleep 0.5; echo ok"), poll_interval=0.1)
+    handle = op.submit_job(context(ti))
+    monkeypatch.setattr(Runner, "status", flaky)
+    assert op.poll_until_complete(handle, context(ti)) == handle
+    assert ti.xcoms["state"] == "SUCCEEDED"

@@ -118,3 +118,25 @@ def test_poller_is_per_event_loop() -> None:
 
     assert asyncio.run(same_loop())
     assert asyncio.run(get()) is not asyncio.run(get())
+
+
+@pytest.mark.parametrize(("failures", "expected"), [(2, "success"), (5, "error")])
+def test_status_errors_are_retried_then_reported(
+    runner: Any, monkeypatch: pytest.MonkeyPatch, failures: int, expected: str
+) -> None:
+    """Backend errors (which the real backends cannot produce on demand) are retried 4 times."""
+    handle = runner.run(sh("hiccup", "true"), "local_cwd")
+    real = type(runner).status_many
+    left = [failures]
+
+    def flaky(self: Any, app_handles: Any) -> Any:
+        if left[0] > 0:
+            left[0] -= 1
+            raise OSError("backend hiccup")
+        return real(self, app_handles)
+
+    monkeypatch.setattr(type(runner), "status_many", flaky)
+    event = asyncio.run(first_event(ShipyardJobTrigger(handle, poll_interval=0.05)))
+    assert event["status"] == expected
+    if expected == "error":
+        assert "backend hiccup" in event["message"]

@@ -52,15 +52,13 @@ def test_local_job_dag(run_dag: Any) -> None:
     }
     # the templated app file: params and run_id rendered, lines in order per replica
     for k in (0, 1):
-        lines = result.lines(f"trainer/{k} trainer {k}:")
-        assert lines[0].endswith(f"run {result.dag_run.run_id}, 3 epochs")
-        assert [ln.split(": ", 1)[1] for ln in lines[1:]] == [
-            "epoch 1",
-            "epoch 2",
-            "epoch 3",
-            "done",
+        assert result.job_lines(f"trainer/{k} ") == [
+            f"trainer/{k} trainer {k}: run {result.dag_run.run_id}, 3 epochs",
+            *(f"trainer/{k} trainer {k}: epoch {i}" for i in (1, 2, 3)),
+            f"trainer/{k} trainer {k}: done",
         ]
-    assert result.lines("reporter/0 reporter: summary for")
+    logical_date = result.dag_run.logical_date.strftime("%Y-%m-%d")
+    assert result.job_lines("reporter/0 ") == [f"reporter/0 reporter: summary for {logical_date}"]
     assert result.xcom("train", "state") == "SUCCEEDED"
     assert result.xcom("train").startswith("local_cwd://")
     assert result.xcom("wait_for_evaluate") == "SUCCEEDED"
@@ -74,8 +72,9 @@ def test_deferrable_job_dag(run_dag: Any) -> None:
     assert "deferring to ShipyardJobTrigger" in result.log
     assert result.log.count("[DAG TEST] running trigger in line") >= 2
     for k in (0, 1):
-        steps = [ln.rsplit(" ", 1)[1] for ln in result.lines(f"trainer/{k} trainer {k}: step")]
-        assert steps == ["1", "2", "3"]
+        assert result.job_lines(f"trainer/{k} ") == [
+            f"trainer/{k} trainer {k}: step {i}" for i in (1, 2, 3)
+        ]
     assert result.xcom("train", "state") == "SUCCEEDED"
     assert result.xcom("wait") == "SUCCEEDED"
 
