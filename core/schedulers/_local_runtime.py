@@ -253,14 +253,15 @@ def signal_groups(leaders: Iterable[tuple[int, float]], sig: int) -> list[tuple[
         try:
             os.killpg(pid, sig)
             sent.append((pid, start))
-        except ProcessLookupError:
+            continue
+        except (ProcessLookupError, PermissionError):
+            # no such group yet: a wrapper started an instant ago, before its setsid
             pass
-        except PermissionError:
-            try:
-                os.kill(pid, sig)
-                sent.append((pid, start))
-            except OSError:
-                pass
+        try:
+            os.kill(pid, sig)
+            sent.append((pid, start))
+        except OSError:
+            pass
     return sent
 
 

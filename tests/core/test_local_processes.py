@@ -371,3 +371,20 @@ def test_cache_size_bounds_the_finished_apps_kept(
         s.cancel(running)
     finally:
         s.close()
+
+
+def test_cancel_right_after_submit(sched: LocalScheduler) -> None:
+    marker = f"instant-{time.time_ns()}"
+    for _ in range(3):
+        app_id = sched.submit(
+            AppDef(
+                "instant",
+                [Role("r", entrypoint="sh", args=["-c", "sleep 60; :", marker], num_replicas=8)],
+            ),
+            {},
+        )
+        sched.cancel(app_id)
+        desc = sched.describe(app_id)
+        assert desc is not None and desc.state == AppState.CANCELLED
+        assert len(desc.roles_statuses[0].replicas) == 8
+    wait_for(lambda: not live_processes(marker), what="no replica left")
