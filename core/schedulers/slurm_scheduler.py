@@ -730,15 +730,20 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
 
     # -- describing -----------------------------------------------------------------------
 
-    def _squeue(self, app_ids: list[str]) -> dict[str, _JobInfo] | None:
-        """What the controller knows of ``app_ids`` (None if squeue itself failed)."""
-        p = _run(["squeue", "-h", "-t", "all", "-j", ",".join(app_ids), "-O", _SQUEUE_FORMAT])
+    def _squeue(self, app_ids: list[str]) -> tuple[dict[str, _JobInfo], str | None]:
+        """What the controller knows of ``app_ids``, and why squeue failed (None if it did not:
+        a job the controller does not know is simply left out)."""
+        cmd = ["squeue", "-h", "-t", "all", "-j", ",".join(app_ids), "-O", _SQUEUE_FORMAT]
+        try:
+            p = _run(cmd)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return {}, str(e)
         if p.returncode != 0:
             if "Invalid job id" in p.stderr:
-                return {}
+                return {}, None
             log.warning("squeue failed: %s", p.stderr.strip())
-            return None
-        return {k: v for k, v in _parse_squeue(p.stdout).items() if k in app_ids}
+            return {}, p.stderr.strip() or f"exit code {p.returncode}"
+        return {k: v for k, v in _parse_squeue(p.stdout).items() if k in app_ids}, None
 
     def _sacct(self, app_ids: list[str]) -> dict[str, _JobInfo] | None:
         """What accounting knows of ``app_ids`` (None if accounting is not available)."""
@@ -768,7 +773,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         ids = [a for a in dict.fromkeys(app_ids) if _JOB_ID_RE.match(a)]
         if not ids:
             return {}
-        found = self._squeue(ids) or {}
+        found, squeue_error = self._squeue(ids)
         # sacct for jobs the controller forgot, and for requeued ones that ended (squeue's
         # derived exit codes span every attempt; sacct has each attempt's steps)
         need = [
@@ -790,6 +795,14 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 if a in found:
                     info.restarts = max(info.restarts, found[a].restarts)
                 found[a] = info
+        if squeue_error is not None:
+            unknown = [a for a in ids if a not in found]
+            if unknown:
+                # the controller did not answer: "no such job" would be a lie
+                raise RuntimeError(
+                    f"slurm: cannot describe job(s) {', '.join(unknown)}: squeue failed"
+                    f" ({squeue_error}) and accounting does not know them"
+                )
         for a, info in found.items():
             if info.workdir:
                 self._workdirs[a] = info.workdir
@@ -954,7 +967,11 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
 
     def _terminal_check(self, app_id: str) -> Callable[[], bool]:
         def ended() -> bool:
-            desc = self.describe(app_id)
+            try:
+                desc = self.describe(app_id)
+            except RuntimeError as e:  # controller briefly away: keep following
+                log.debug("describe %s while tailing: %s", app_id, e)
+                return False
             return desc is None or is_terminal(desc.state)
 
         return ended
