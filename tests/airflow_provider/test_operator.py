@@ -267,3 +267,25 @@ def test_transient_status_errors_do_not_fail_the_task(monkeypatch: pytest.Monkey
     monkeypatch.setattr(Runner, "status", flaky)
     assert op.poll_until_complete(handle, context(ti)) == handle
     assert ti.xcoms["state"] == "SUCCEEDED"
+
+
+def test_deferred_task_timing_out_cancels_the_job(runner: Any) -> None:
+    """A deferred task resumed with the trigger timeout (execution_timeout) cancels its job."""
+    from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
+    from airflow.sdk.exceptions import TaskDeferralTimeout
+
+    ti = TaskInstanceStub()
+    store = StateStoreStub()
+    op = ShipyardOperator(task_id="job", app=sh("slow", "sleep 120"), deferrable=True)
+    with pytest.raises(TaskDeferred):
+        op.execute(context(ti, store))
+    handle = store[ShipyardOperator.external_id_key]
+    # the task resumes on a worker with a fresh operator: it finds the job by the stored handle
+    resumed = ShipyardOperator(task_id="job", app=sh("slow", "sleep 120"), deferrable=True)
+    with pytest.raises(TaskDeferralTimeout):
+        resumed.resume_execution(
+            TRIGGER_FAIL_REPR,
+            {"error": TriggerFailureReason.TRIGGER_TIMEOUT},
+            context(ti, store),  # type: ignore[arg-type]
+        )
+    wait_until(lambda: runner.status(handle).state == AppState.CANCELLED, what="CANCELLED")
