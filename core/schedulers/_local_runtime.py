@@ -15,10 +15,11 @@ Layout of one app's state directory (``<state>/local/<app_id>/``)::
     collector.lock    flock'ed by the live collector (released by the kernel when it dies)
     idx.<g>           time index of replica g's logs: "time out_off err_off comb_off" lines
     logs_done         the collector consumed every byte of every replica's output
-    <role>/<k>.{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
+    <role>.<k>.{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
 
-Replica stdout/stderr go straight from the process into ``<k>.stdout.log``/``<k>.stderr.log``
-(so no byte is ever lost, whoever dies); the collector tails them and writes ``<k>.combined.log``
+Replica stdout/stderr go straight from the process into ``<role>.<k>.stdout.log`` and
+``.stderr.log`` (so no byte is ever lost, whoever dies); the collector tails them and writes
+``<role>.<k>.combined.log``
 (whole lines, in the order it saw them arrive) and the time index used for ``since``/``until``.
 """
 

@@ -13,10 +13,10 @@ replica runs under a tiny ``/bin/sh`` wrapper that records it) and a few markers
 ``list``, ``exists``, ``log_iter`` and ``cancel`` work from any process on the host, also after the
 submitting process exited; apps keep running when it does.
 
-**Logs.** A replica writes its stdout and stderr straight into ``<k>.stdout.log`` and
-``<k>.stderr.log`` in ``<role>/`` of the app's log directory (``<log_dir>/<app_id>/`` with cfg
+**Logs.** A replica writes its stdout and stderr straight into ``<role>.<k>.stdout.log`` and
+``<role>.<k>.stderr.log`` in the app's log directory (``<log_dir>/<app_id>/`` with cfg
 ``log_dir``, else the app's state directory). A small per-app collector writes
-``<k>.combined.log`` (whole lines of both streams in the order it saw them arrive) and a coarse
+``<role>.<k>.combined.log`` (whole lines of both streams in the order it saw them arrive) and a coarse
 time index that ``log_iter``'s ``since``/``until`` use. The collector of an app still running
 25 ms after submit is a separate process (it survives the submitting process); a shorter app
 has its logs collected by the submitting process itself.
@@ -172,7 +172,8 @@ class ReplicaParam:
 class PopenRequest:
     """Parameters to start every replica of every role of an app.
 
-    ``log_dir`` is the app's log directory, ``role_log_dirs[role][k]`` replica k's.
+    ``log_dir`` is the app's log directory, ``role_log_dirs[role][k]`` the directory of replica
+    k's log files (``<role>.<k>.stdout.log``, ``.stderr.log``, ``.combined.log``).
     """
 
     app_id: str
@@ -713,13 +714,14 @@ class LocalScheduler(Scheduler[PopenRequest]):
                     img_root=img_root, app_id=app_id, replica_id=str(k), rank0_env=RANK0_ENV
                 )
                 replica_role = values.apply(role)
-                replica_dir = os.path.join(log_dir, role.name)
+                replica_dir = log_dir
+                base = os.path.join(log_dir, f"{role.name}.{k}")
                 param = provider.get_replica_param(
                     img_root,
                     replica_role,
-                    stdout=os.path.join(replica_dir, f"{k}.stdout.log"),
-                    stderr=os.path.join(replica_dir, f"{k}.stderr.log"),
-                    combined=os.path.join(replica_dir, f"{k}.combined.log"),
+                    stdout=f"{base}.stdout.log",
+                    stderr=f"{base}.stderr.log",
+                    combined=f"{base}.combined.log",
                 )
                 cwd = param.cwd or os.getcwd()
                 path = param.env.get("PATH", base_path)
@@ -841,10 +843,10 @@ class LocalScheduler(Scheduler[PopenRequest]):
             g = 0
             for role_index, (role_name, params) in enumerate(request.role_params.items()):
                 for k, param in enumerate(params):
-                    replica_dir = request.role_log_dirs[role_name][k]
-                    out = param.stdout or os.path.join(replica_dir, f"{k}.stdout.log")
-                    err = param.stderr or os.path.join(replica_dir, f"{k}.stderr.log")
-                    comb = param.combined or os.path.join(replica_dir, f"{k}.combined.log")
+                    base = os.path.join(request.role_log_dirs[role_name][k], f"{role_name}.{k}")
+                    out = param.stdout or f"{base}.stdout.log"
+                    err = param.stderr or f"{base}.stderr.log"
+                    comb = param.combined or f"{base}.combined.log"
                     for d in {os.path.dirname(out), os.path.dirname(err), os.path.dirname(comb)}:
                         if d not in made:
                             os.makedirs(d, exist_ok=True)
@@ -893,7 +895,9 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 ],
                 "replicas": replicas,
             }
-            rt.write_atomic(os.path.join(app_dir, rt.APP_FILE), json.dumps(summary))
+            # one exclusive create (readers take a half-written file for a missing one)
+            if not rt.create_exclusive(os.path.join(app_dir, rt.APP_FILE), json.dumps(summary)):
+                raise ValueError(f"app_id: {app_id} was already submitted")
         except BaseException:
             # a failure half-way (or a signal): nothing that was started may be left behind
             partial = {"replicas": [{"pid": p, "t": t} for p, t in started]}

@@ -153,8 +153,8 @@ def test_dryrun_builds_a_popen_request(sched: LocalScheduler, tmp_path: Path) ->
     assert params[1].args[1:] == [f"id={req.app_id}", "r=1", "SHIPYARD_RANK0_HOST"]
     assert params[1].env["WHO"] == "1"
     assert params[1].env["SHIPYARD_REPLICA_ID"] == "1"
-    assert params[1].stdout == str(tmp_path / req.app_id / "trainer" / "1.stdout.log")
-    assert req.role_log_dirs["trainer"][0] == str(tmp_path / req.app_id / "trainer")
+    assert params[1].stdout == str(tmp_path / req.app_id / "trainer.1.stdout.log")
+    assert req.role_log_dirs["trainer"][0] == str(tmp_path / req.app_id)
     text = str(info)
     assert req.app_id in text and "trainer/1" in text
     # nothing started, nothing written
@@ -434,9 +434,9 @@ def test_log_dir_option(sched: LocalScheduler, tmp_path: Path) -> None:
         AppDef("logdir", [sh("echo to-log-dir", "r", 2)]), {"log_dir": str(tmp_path)}
     )
     assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
-    assert (tmp_path / app_id / "r" / "1.stdout.log").read_text() == "to-log-dir\n"
+    assert (tmp_path / app_id / "r.1.stdout.log").read_text() == "to-log-dir\n"
     assert list(sched.log_iter(app_id, "r", 1)) == ["to-log-dir\n"]
-    wait_for(lambda: (tmp_path / app_id / "r" / "1.combined.log").exists(), what="combined.log")
+    wait_for(lambda: (tmp_path / app_id / "r.1.combined.log").exists(), what="combined.log")
 
 
 def test_large_log_is_read_completely_in_order(sched: LocalScheduler) -> None:
@@ -485,7 +485,7 @@ def test_cancel_escalates_to_sigkill(tmp_path: Path) -> None:
 def test_log_iterator_reads_a_log_file_directly(sched: LocalScheduler) -> None:
     app_id = sched.submit(AppDef("direct", [sh(r"printf 'a\nb\nc'")]), {})
     assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
-    path = Path(state_dir(), app_id, "r", "0.stdout.log")
+    path = Path(state_dir(), app_id, "r.0.stdout.log")
     assert list(LogIterator(app_id, "", str(path), sched, should_tail=False)) == ["a\n", "b\n", "c"]
     assert list(LogIterator(app_id, "b|c", str(path), sched, should_tail=True)) == ["b\n", "c"]
     it = LogIterator(app_id, "", str(path), sched)
