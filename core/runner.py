@@ -68,6 +68,10 @@ class AppFailedError(RuntimeError):
         self.last_lines = dict(last_lines or {})
         super().__init__(self._message())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # picklable with its fields (Prefect persists and ships a failed task's exception)
+        return (type(self), (self.handle, self.status, self.last_lines))
+
     def _message(self) -> str:
         codes = ", ".join(
             f"{role}/{i}={code}"
