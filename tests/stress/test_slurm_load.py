@@ -1,7 +1,8 @@
 """Slurm under load: 100 jobs queued at once (single and heterogeneous), described from 8 threads
 while they wait and run. No submit fails, describe is never wrong (never unknown, never going
 backwards, the right final state and exit codes) and polling all of them costs one ``squeue``
-(plus at most one ``sacct``) per poll, from the runner and from concurrent Prefect waits."""
+(plus at most one ``sacct``) per poll. (Concurrent Prefect waits: tests/core/test_faults_integrations.py,
+which shares a Prefect server.)"""
 
 from __future__ import annotations
 
@@ -165,69 +166,3 @@ def test_slurm_100_jobs_queued_at_once_described_from_8_threads(
         for p in pollers:
             p.join(60)
         _cancel_all(list(handles.values()))
-
-
-def test_concurrent_prefect_waits_share_their_slurm_polls(
-    submit_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """10 ``wait_for_job`` tasks waiting at once on 10 Slurm jobs: one squeue per poll round
-    answers for all of them, not one per job per poll."""
-    pytest.importorskip("prefect")
-    from prefect import flow
-    from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    from prefect_tasks import wait_for_job
-
-    n = 10
-    go = submit_dir / "go"
-    with get_runner("swait") as runner:
-        handles = [
-            runner.run(
-                AppDef(
-                    f"swait{i}",
-                    [
-                        Role(
-                            "w",
-                            entrypoint="/bin/sh",
-                            args=["-c", f'while [ ! -e "{go}" ]; do sleep 0.2; done'],
-                        )
-                    ],
-                ),
-                "slurm",
-            )  # fmt: skip
-            for i in range(n)
-        ]
-    try:
-        counter = CallCounter(monkeypatch)
-        window = 10.0
-
-        @flow
-        def wait_all(hs: list[str]) -> list[str]:
-            futures = [wait_for_job.submit(h, poll_interval=1.0, stream_logs=False) for h in hs]
-            return [f.result().state.name for f in futures]  # type: ignore[union-attr]
-
-        def release() -> None:
-            time.sleep(window)
-            go.touch()
-
-        with temporary_settings({PREFECT_SERVER_ANALYTICS_ENABLED: False}):
-            with prefect_test_harness(server_startup_timeout=180):
-                releaser = threading.Thread(target=release)
-                t0 = time.monotonic()
-                releaser.start()
-                states = wait_all(handles)
-                elapsed = time.monotonic() - t0
-                releaser.join()
-        assert states == ["SUCCEEDED"] * n
-        calls = counter.snapshot()
-        # each wait polls about once a second: shared, that is ~elapsed squeue calls in all;
-        # unshared, n times as many
-        print(f"\nprefect waits: {n} jobs, {elapsed:.1f}s, slurm CLI calls {dict(calls)}")
-        assert calls["squeue"] + calls["sacct"] <= 3 * elapsed + 10, (
-            f"{n} concurrent waits made {dict(calls)} Slurm CLI calls in {elapsed:.0f}s:"
-            " one per job per poll"
-        )
-    finally:
-        go.touch()
-        _cancel_all(handles)
