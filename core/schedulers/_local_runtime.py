@@ -42,6 +42,7 @@ GANG = "gang"
 DONE = "done"
 LOGS_DONE = "logs_done"
 LOCK = "collector.lock"
+COLLECTOR_LOG = "collector.log"
 EXIT_PREFIX = "exit."
 INDEX_PREFIX = "idx."
 
@@ -701,10 +702,12 @@ class _ReplicaLogs:
         self.out.close()
         self.err.close()
         for fd in (self.comb_fd, self.idx_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.comb_fd = self.idx_fd = -1
 
 
 def acquire_collector_lock(app_dir: str) -> int | None:
@@ -798,6 +801,7 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
                     for rl in newly:
                         rl.poll(time.time(), final=True)
                         rl.finished = True
+                        rl.close()
                 if all(rl.finished for rl in logs):
                     create_exclusive(os.path.join(app_dir, LOGS_DONE), f"{time.time()}\n")
                     return
@@ -821,11 +825,26 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
             rl.close()
 
 
+def _raise_fd_limit() -> None:
+    """A collector holds a few fds per replica: allow as many as the hard limit does."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def _main(argv: Sequence[str]) -> int:
     if len(argv) >= 2 and argv[0] == "collect":
         # keep running when the terminal or the submitter is interrupted
         for sig in (signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
+        _raise_fd_limit()
         grace = float(argv[2]) if len(argv) > 2 else DEFAULT_GRACE
         try:
             collect(argv[1], grace)

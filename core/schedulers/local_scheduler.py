@@ -525,14 +525,25 @@ def spawn_collector(app_dir: str, grace: float = DEFAULT_GRACE) -> None:
     if os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)):
         return
     python = sys.executable or shutil.which("python3") or "python3"
-    proc = subprocess.Popen(
-        [python, "-S", "-I", rt.__file__, "collect", app_dir, repr(float(grace))],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        close_fds=True,
-    )
+    try:
+        err = os.open(
+            os.path.join(app_dir, rt.COLLECTOR_LOG),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+            0o644,
+        )
+    except FileNotFoundError:
+        return  # the app is gone
+    try:
+        proc = subprocess.Popen(
+            [python, "-S", "-I", rt.__file__, "collect", app_dir, repr(float(grace))],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(err)
     try:
         os.setpriority(os.PRIO_PROCESS, proc.pid, _COLLECTOR_NICE)
     except OSError:
@@ -650,6 +661,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._finished: OrderedDict[str, dict[str, Any]] = OrderedDict()
         # apps launched by this instance and not yet seen terminal: app_id -> app_dir
         self._launched: dict[str, str] = {}
+        self._pid = os.getpid()
         self._inflight: dict[str, list[tuple[int, float]]] = {}
         # re-entrant for the same reason as _lock
         self._cancel_locks: dict[str, threading.RLock] = {}
@@ -1147,6 +1159,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
     def _terminate_launched(self) -> None:
         """Terminates every app this instance launched that still runs (signal handler), and
         waits for their log collectors."""
+        if os.getpid() != self._pid:
+            return  # a forked child: the apps belong to the parent
         with self._lock:
             launched = dict(self._launched)
             inflight = {a: list(s) for a, s in self._inflight.items()}
