@@ -103,6 +103,7 @@ LABEL_TOMBSTONE = "shipyard.tombstone"
 LABEL_STATE = "shipyard.state"
 LABEL_REPLICAS = "shipyard.replicas"
 LABEL_NUM_RESTARTS = "shipyard.num_restarts"
+LABEL_MSG = "shipyard.msg"
 
 TOMBSTONE_PREFIX = "shipyard-tombstone-"
 #: cancel renames each container ``{name}{CANCELLED_SUFFIX}`` before stopping it, so that a
@@ -696,9 +697,15 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         except BaseException as e:
             self._cleanup_failed_submit(created, network)
             if isinstance(e, APIError):
+                why = str(e.explanation or e)
+                if "docker0" in why:
+                    why += (
+                        " (the engine's default bridge docker0 is gone - a dockerd started with"
+                        " --bridge=none on this host removes it; restart dockerd,"
+                        " e.g. scripts/start_docker.sh)"
+                    )
                 raise RuntimeError(
-                    f"{BACKEND}: submitting {req.app_id} failed (nothing left behind):"
-                    f" {e.explanation or e}"
+                    f"{BACKEND}: submitting {req.app_id} failed (nothing left behind): {why}"
                 ) from e
             raise
         log.info("submitted %s: %d container(s)", req.app_id, len(req.containers))
@@ -988,9 +995,15 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             app_id=app_id,
             state=state,
             num_restarts=int(labels.get(LABEL_NUM_RESTARTS, "0") or 0),
-            msg="cancelled: containers and network removed"
-            if state == AppState.CANCELLED
-            else f"ended {state.name}; containers and network removed",
+            msg="; ".join(
+                m
+                for m in (
+                    "cancelled" if state == AppState.CANCELLED else "",
+                    labels.get(LABEL_MSG, ""),
+                    "containers and network removed",
+                )
+                if m and m != NONE
+            ),
             roles_statuses=list(by_role.values()),
             roles=[
                 Role(
@@ -1022,7 +1035,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         for app_id in sorted(set(by_app) | set(tombs)):
             tomb = tombs.get(app_id)
             if tomb is not None:
-                state = AppState[tomb.get(LABEL_STATE, "CANCELLED")]
+                state = AppState.__members__.get(tomb.get(LABEL_STATE, ""), AppState.CANCELLED)
             else:
                 state = self._list_state(by_app[app_id])
             out.append(ListAppResponse(app_id=app_id, state=state))
@@ -1030,16 +1043,21 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
 
     @staticmethod
     def _list_state(containers: _Containers) -> AppState:
-        states = [_replica_state(c.get("State", ""), c.get("Status", ""))[0] for c in containers]
+        states = [
+            AppState.CANCELLED
+            if _cancelling(c)
+            else _replica_state(c.get("State", ""), c.get("Status", ""))[0]
+            for c in containers
+        ]
         labels0 = containers[0].get("Labels") or {}
         try:
             expected = sum(int(s["num_replicas"]) for s in json.loads(labels0[LABEL_ROLES]))
         except (KeyError, ValueError, TypeError):
             expected = len(containers)
-        if AppState.FAILED in states or AppState.UNKNOWN in states:
-            return AppState.FAILED
         if AppState.CANCELLED in states:
             return AppState.CANCELLED
+        if AppState.FAILED in states or AppState.UNKNOWN in states:
+            return AppState.FAILED
         if len(states) >= expected and all(s == AppState.SUCCEEDED for s in states):
             return AppState.SUCCEEDED
         if len(states) < expected and all(is_terminal(s) for s in states):
@@ -1118,6 +1136,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
                 LABEL_STATE: final.name,
                 LABEL_REPLICAS: json.dumps(replicas, separators=(",", ":")),
                 LABEL_NUM_RESTARTS: str(max(resp.num_restarts, 0)),
+                LABEL_MSG: resp.msg,
             }
         )
         try:

@@ -533,6 +533,18 @@ def test_cancel_after_the_app_ended_keeps_its_final_state(sched: DockerScheduler
     assert desc is not None and desc.state == AppState.SUCCEEDED
     assert set(replicas(desc).values()) == {(AppState.SUCCEEDED, 0)}
 
+    failed = sched.submit(AppDef("bad", [sh("r", "exit $SHIPYARD_REPLICA_ID", num_replicas=2)]), {})
+    assert wait_terminal(sched, failed, every_replica=True).state == AppState.FAILED
+    sched.cancel(failed)
+    desc = sched.describe(failed)
+    assert desc is not None and desc.state == AppState.FAILED
+    assert replicas(desc) == {"r/0": (AppState.SUCCEEDED, 0), "r/1": (AppState.FAILED, 1)}
+    assert "r/1 exited with code 1" in desc.msg
+    assert {a.app_id: a.state for a in sched.list()} == {
+        app_id: AppState.SUCCEEDED,
+        failed: AppState.FAILED,
+    }
+
 
 def test_max_retries_restarts_only_the_failing_replica(sched: DockerScheduler) -> None:
     app = AppDef(
