@@ -22,7 +22,7 @@ fi
 
 # --- packages ---------------------------------------------------------------------------------
 missing=()
-for pkg in docker.io busybox-static docker-registry; do
+for pkg in docker.io busybox-static docker-registry procps; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
