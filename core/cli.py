@@ -174,6 +174,11 @@ def _cmd_log(args: argparse.Namespace) -> int:
     from core.schedulers.api import Stream
 
     handle, role, k = _split_log_target(args.target)
+    if args.regex is not None:
+        try:
+            re.compile(args.regex)
+        except re.error as e:
+            raise ValueError(f"--regex: not a regular expression ({e}): {args.regex!r}") from None
     since = _parse_time(args.since, "--since") if args.since else None
     until = _parse_time(args.until, "--until") if args.until else None
     streams = Stream(args.streams) if args.streams else None
