@@ -206,6 +206,12 @@ PartitionName=debug Nodes=node[1-3] Default=YES MaxTime=INFINITE State=UP
 EOF
 )
 
+# The node names resolve to this host, so a replica can reach rank 0 by its node name
+# (SLURM_JOB_NODELIST_HET_GROUP_0 holds e.g. "node1").
+if ! grep -qE '^127\.0\.0\.1[[:space:]].*\bnode1\b' /etc/hosts; then
+    echo "127.0.0.1 node1 node2 node3  # shipyard start_slurm.sh" >>/etc/hosts
+fi
+
 # ---------------------------------------------------------------------------------------------
 # slurmdbd + cluster registration
 # ---------------------------------------------------------------------------------------------
