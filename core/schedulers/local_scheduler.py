@@ -628,8 +628,10 @@ class LocalScheduler(Scheduler[PopenRequest]):
     Args:
         session_name: the session apps are submitted under
         image_provider_class: makes the :class:`ImageProvider` from the cfg
-        cache_size: how many finished apps are kept in the state directory (the oldest finished
-            ones are removed beyond that)
+        cache_size: how many finished apps launched by this instance are kept (in memory and in
+            the state directory); beyond that the oldest finished ones are removed. Apps of
+            other processes are left to them; any app finished longer than
+            ``$SHIPYARD_LOCAL_RETENTION_DAYS`` (default 7) days ago is removed by any instance.
         extra_paths: directories prepended to the replicas' ``PATH``
         backend: the registered scheduler name (``local_cwd`` or ``local_dir``)
         grace: seconds between SIGTERM and SIGKILL when terminating replicas
@@ -661,6 +663,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._finished: OrderedDict[str, dict[str, Any]] = OrderedDict()
         # apps launched by this instance and not yet seen terminal: app_id -> app_dir
         self._launched: dict[str, str] = {}
+        # apps launched by this instance and not evicted yet (cache_size bounds the finished)
+        self._own: OrderedDict[str, str] = OrderedDict()
         self._pid = os.getpid()
         self._inflight: dict[str, list[tuple[int, float]]] = {}
         # re-entrant for the same reason as _lock
@@ -848,21 +852,27 @@ class LocalScheduler(Scheduler[PopenRequest]):
         procs: list[subprocess.Popen[bytes]] = []
         with self._lock:
             self._inflight[app_id] = started
-        made: set[str] = {app_dir}
         prefix = [_SETSID] if _SETSID else []
         new_session = not _SETSID
         try:
-            g = 0
-            for role_index, (role_name, params) in enumerate(request.role_params.items()):
+            # every log file's directory must be usable before anything starts
+            paths: list[tuple[str, str, str]] = []
+            checked: set[str] = set()
+            for role_name, params in request.role_params.items():
                 for k, param in enumerate(params):
                     base = os.path.join(request.role_log_dirs[role_name][k], f"{role_name}.{k}")
                     out = param.stdout or f"{base}.stdout.log"
                     err = param.stderr or f"{base}.stderr.log"
                     comb = param.combined or f"{base}.combined.log"
+                    paths.append((out, err, comb))
                     for d in {os.path.dirname(out), os.path.dirname(err), os.path.dirname(comb)}:
-                        if d not in made:
-                            os.makedirs(d, exist_ok=True)
-                            made.add(d)
+                        if d not in checked:
+                            _check_log_dir(d, d == app_dir)
+                            checked.add(d)
+            g = 0
+            for role_index, (role_name, params) in enumerate(request.role_params.items()):
+                for k, param in enumerate(params):
+                    out, err, comb = paths[g]
                     spawned = time.time()
                     proc = subprocess.Popen(
                         prefix
@@ -928,6 +938,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         with self._lock:
             self._inflight.pop(app_id, None)
             self._launched[app_id] = app_dir
+            self._own[app_id] = app_dir
             self._remember(app_id, summary)
         _LAUNCHER.submit(app_dir, self._grace, self)
         return app_id
@@ -981,6 +992,10 @@ class LocalScheduler(Scheduler[PopenRequest]):
             final = _final_state(summary, obs)
             if final is None:
                 return _response(app_id, summary, _running_state(summary, obs))
+            if app_id not in self._launched and rt.LOGS_DONE not in obs.names:
+                # launched elsewhere and its collector may be gone (e.g. the submitting process
+                # was killed): finish its work, including ending what the replicas left behind
+                rt.collect(app_dir, self._grace, follow=False)
             rt.write_atomic(os.path.join(app_dir, rt.DONE), json.dumps(final))
         self._forget_pidfds(app_id)
         with self._lock:
@@ -1187,47 +1202,44 @@ class LocalScheduler(Scheduler[PopenRequest]):
             return False
 
     def _evict(self) -> bool:
-        root = rt.apps_root()
-        try:
-            names = os.listdir(root)
-        except FileNotFoundError:
-            return False
-        finished: list[tuple[float, str]] = []
-        unknown: list[str] = []
-        for name in names:
-            if not _APP_ID_RE.match(name):
-                continue
+        """Keeps at most ``cache_size`` finished apps of those this instance launched (other
+        processes' apps are theirs to bound), removing the oldest finished first; and, at most
+        hourly, removes any app that finished more than the retention period ago
+        (``$SHIPYARD_LOCAL_RETENTION_DAYS``, default 7). True if some app must wait."""
+        with self._lock:
+            own = list(self._own.items())
+        finished: list[tuple[float, str, str]] = []
+        for app_id, app_dir in own:
             try:
-                finished.append((os.stat(os.path.join(root, name, rt.DONE)).st_mtime, name))
-            except FileNotFoundError:
-                unknown.append(name)
-        if len(finished) + len(unknown) <= self._cache_size:
-            return False
-        for name in unknown:
-            # ended apps nobody described yet: describing them records their final state
-            if os.path.exists(os.path.join(root, name, rt.LOGS_DONE)):
-                desc = self.describe(name)
-                if desc is not None and is_terminal(desc.state):
-                    finished.append((time.time(), name))
-        excess = len(finished) - self._cache_size
-        if excess <= 0:
-            return False
-        finished.sort()
-        waiting = False
-        for _, name in finished[:excess]:
-            app_dir = os.path.join(root, name)
-            if not os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)) and rt.collector_alive(
-                app_dir
-            ):
-                waiting = True  # its collector is still writing
+                finished.append((os.stat(os.path.join(app_dir, rt.DONE)).st_mtime, app_id, app_dir))
                 continue
-            key = (rt.load_summary(app_dir) or {}).get("key")
-            shutil.rmtree(app_dir, ignore_errors=True)
-            if key:
-                _remove_key(key, name)
-            with self._lock:
-                self._summaries.pop(name, None)
-                self._finished.pop(name, None)
+            except FileNotFoundError:
+                pass
+            if not os.path.isdir(app_dir):
+                with self._lock:
+                    self._own.pop(app_id, None)
+            elif len(own) > self._cache_size and os.path.exists(
+                os.path.join(app_dir, rt.LOGS_DONE)
+            ):
+                desc = self.describe(app_id)  # ended, not described yet: records its state
+                if desc is not None and is_terminal(desc.state):
+                    finished.append((time.time(), app_id, app_dir))
+        waiting = False
+        excess = len(finished) - self._cache_size
+        if excess > 0:
+            finished.sort()
+            for _, app_id, app_dir in finished[:excess]:
+                if _remove_app(app_dir) is None:
+                    waiting = True  # its collector is still writing
+                    continue
+                with self._lock:
+                    self._own.pop(app_id, None)
+                    self._summaries.pop(app_id, None)
+                    self._finished.pop(app_id, None)
+        now = time.time()
+        if now - _SWEEP["last"] >= _SWEEP_EVERY:
+            _SWEEP["last"] = now
+            _sweep_old_apps(now)
         return waiting
 
     def close(self) -> None:
@@ -1263,6 +1275,21 @@ class LocalScheduler(Scheduler[PopenRequest]):
 # --------------------------------------------------------------------------------------------
 
 
+def _check_log_dir(path: str, is_state: bool) -> None:
+    """Creates ``path`` if needed and checks that log files can be written there."""
+    what = "state directory" if is_state else "cfg.log_dir"
+    try:
+        os.makedirs(path, exist_ok=True)
+        st = os.statvfs(path)
+    except OSError as e:
+        raise ValueError(f"{what}: cannot create {path}: {e.strerror or e}") from e
+    if st.f_flag & os.ST_RDONLY or not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{what}: {path} is not writable")
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    if free == 0 or (st.f_files and st.f_ffree == 0):
+        raise ValueError(f"{what}: no space left on the file system of {path}")
+
+
 def _check_app_id(app_id: str) -> None:
     if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
         raise ValueError(f"app_id: expected letters, digits, '_', '.', '-', got {app_id!r}")
@@ -1279,6 +1306,49 @@ def _write_key(key: str, app_id: str) -> None:
     path = _key_path(key)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     rt.write_atomic(path, app_id)
+
+
+_SWEEP: dict[str, float] = {"last": 0.0}
+_SWEEP_EVERY = 3600.0
+
+
+def _retention() -> float:
+    try:
+        return float(os.environ.get("SHIPYARD_LOCAL_RETENTION_DAYS", "7")) * 86400
+    except ValueError:
+        return 7 * 86400.0
+
+
+def _remove_app(app_dir: str) -> bool | None:
+    """Removes a finished app's state (and idempotency key); None if its collector still runs."""
+    if not os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)) and rt.collector_alive(app_dir):
+        return None
+    key = (rt.load_summary(app_dir) or {}).get("key")
+    shutil.rmtree(app_dir, ignore_errors=True)
+    if key:
+        _remove_key(key, os.path.basename(app_dir))
+    return True
+
+
+def _sweep_old_apps(now: float) -> None:
+    """Removes apps of any process that finished longer than the retention period ago."""
+    root = rt.apps_root()
+    cutoff = now - _retention()
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not _APP_ID_RE.match(name):
+            continue
+        app_dir = os.path.join(root, name)
+        for marker in (rt.DONE, rt.LOGS_DONE):
+            try:
+                if os.stat(os.path.join(app_dir, marker)).st_mtime < cutoff:
+                    _remove_app(app_dir)
+                break
+            except FileNotFoundError:
+                continue
 
 
 def _remove_key(key: str, app_id: str) -> None:
