@@ -177,7 +177,7 @@ def _cmd_log(args: argparse.Namespace) -> int:
     if args.regex is not None:
         try:
             re.compile(args.regex)
-        except re.error as e:
+        except (re.error, OverflowError, RecursionError) as e:
             raise ValueError(f"--regex: not a regular expression ({e}): {args.regex!r}") from None
     since = _parse_time(args.since, "--since") if args.since else None
     until = _parse_time(args.until, "--until") if args.until else None
