@@ -219,3 +219,49 @@ def test_generated_command_lines_fail_cleanly(argv: list[str]) -> None:
         return  # could list a remote scheduler: slow and not about input handling
     code, _, err = run_main(argv)
     assert_clean_error(code, err, argv)
+
+
+@pytest.fixture(scope="module")
+def finished_app() -> str:
+    """The handle of a finished local app (for options that are checked against a real app)."""
+    r = sh("run", "--wait", "--name", "hostile-cli", "--", "echo", "hi")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["log", "{h}", "--regex", "("], "--regex: not a regular expression"),
+        (["log", "{h}", "--regex", "[", "--tail"], "--regex: not a regular expression"),
+        (["log", "{h}/nope/0"], "has no replica nope/0"),
+        (["log", "{h}/echo/7"], "has no replica echo/7"),
+        (["log", "{h}/echo/99999999999999999999999"], "has no replica"),
+        (["log", "{h}", "--since", "1e9d"], "--since: expected"),
+    ],
+)
+def test_bad_options_on_an_existing_app_exit_2(
+    finished_app: str, args: list[str], msg: str
+) -> None:
+    r = sh(*[a.replace("{h}", finished_app) for a in args])
+    assert r.returncode == 2, (args, r.stdout, r.stderr)
+    assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_hostile_regexes_on_an_existing_app_never_crash(finished_app: str) -> None:
+    regexes = [
+        "",
+        ".*",
+        "(?P<x>",
+        "\\",
+        "a{99999999999}",
+        "(?<!a+)b",
+        "[\\d-z]",
+        "\x00",
+        "(" * 5000,
+    ]
+    for regex in regexes:
+        code, out, err = run_main(["log", finished_app, "--regex", regex])
+        assert_clean_error(code, err, regex)
+        if code == 0:
+            assert out in ("", "hi\n"), out
