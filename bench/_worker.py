@@ -1,0 +1,121 @@
+"""Measurements that must run in a fresh process; prints JSON samples on stdout.
+
+python -m bench._worker local-describe APP_ID RUNS cold|warm
+python -m bench._worker mem-shipyard N
+python -m bench._worker mem-raw N
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _rss() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, val = line.split(":", 1)
+                out[key] = int(val.split()[0]) * 1024
+    return out
+
+
+def local_describe(app_id: str, runs: int, mode: str) -> dict[str, list[float]]:
+    from bench.harness import interleave, repeat_timed
+    from core.schedulers import _local_runtime as rt
+    from core.schedulers.local_scheduler import create_cwd_scheduler
+    from core.specs import AppState
+
+    app_file = os.path.join(rt.apps_root(), app_id, rt.APP_FILE)
+    inner = 20
+
+    def raw_once() -> None:
+        with open(app_file, "rb") as f:
+            summary = json.loads(f.read())
+        for rep in summary["replicas"]:
+            os.kill(rep["pid"], 0)
+
+    def raw() -> float:
+        return repeat_timed(raw_once, inner)
+
+    if mode == "cold":
+
+        def shipyard() -> float:
+            total = 0.0
+            for _ in range(inner):
+                sched = create_cwd_scheduler("bench")
+                t0 = time.perf_counter()
+                desc = sched.describe(app_id)
+                total += time.perf_counter() - t0
+                sched.close()
+                assert desc is not None and desc.state == AppState.RUNNING, desc
+            return total / inner
+
+    else:
+        sched = create_cwd_scheduler("bench")
+
+        def once() -> None:
+            desc = sched.describe(app_id)
+            assert desc is not None and desc.state == AppState.RUNNING, desc
+
+        def shipyard() -> float:
+            return repeat_timed(once, inner)
+
+    return interleave({"shipyard": shipyard, "raw": raw}, runs, warmup=2)
+
+
+def mem_shipyard(n: int) -> dict[str, int]:
+    from core.runner import get_runner
+    from core.specs import AppDef, Role
+
+    app = AppDef("bmem", [Role("r", entrypoint="true")])
+    with get_runner("benchmem", cache_size=n) as runner:
+        handles = [runner.run(app, "local_cwd") for _ in range(n)]
+        deadline = time.monotonic() + 300
+        while True:
+            statuses = runner.status_many(handles)
+            if all(s is not None and s.is_terminal() for s in statuses.values()):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("apps did not finish")
+            time.sleep(0.05)
+        bad = [h for h, s in statuses.items() if s is None or s.state.name != "SUCCEEDED"]
+        if bad:
+            raise AssertionError(f"{len(bad)} apps did not succeed, e.g. {bad[0]}")
+        # tracking: every app described again, from this process's scheduler
+        statuses = runner.status_many(handles)
+        assert len(statuses) == n
+        return _rss()
+
+
+def mem_raw(n: int) -> dict[str, int]:
+    import subprocess
+
+    import core.runner  # noqa: F401  (the same imports as the shipyard side)
+
+    procs = [subprocess.Popen(["true"]) for _ in range(n)]
+    for p in procs:
+        p.wait()
+    return _rss()
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0]
+    if cmd == "local-describe":
+        res: object = local_describe(argv[1], int(argv[2]), argv[3])
+    elif cmd == "mem-shipyard":
+        res = mem_shipyard(int(argv[1]))
+    elif cmd == "mem-raw":
+        res = mem_raw(int(argv[1]))
+    else:
+        print(f"unknown command {cmd!r}", file=sys.stderr)
+        return 2
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,111 @@
+"""What several sections share: the run context, the 200,000-line log file, raw reading."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: lines of the big log file
+LOG_LINES = 200_000
+#: keeps every 10th line (numbers ending in 7)
+LOG_REGEX = r"^\d{5}7 "
+
+_WORDS = ["alpha", "beta", "gamma", "delta", "épsilon", "λambda", "✓ ok", "step", "loss=0.125"]
+
+
+@dataclass
+class Ctx:
+    """What every section gets: where to put files, how many runs, the python to use."""
+
+    tmp: str
+    runs: int
+    python: str = sys.executable
+    verbose: bool = True
+    _lines: list[str] | None = field(default=None, repr=False)
+
+    def log_lines(self) -> list[str]:
+        """The expected lines of the big log file (each ends with ``\\n``)."""
+        if self._lines is None:
+            self._lines = make_lines(LOG_LINES)
+        return self._lines
+
+    def log_file(self) -> str:
+        """A file holding :meth:`log_lines` (apps ``cat`` it into their logs)."""
+        path = os.path.join(self.tmp, "lines.txt")
+        if not os.path.exists(path):
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.writelines(self.log_lines())
+        return path
+
+
+def make_lines(n: int) -> list[str]:
+    """``n`` deterministic lines of 7 to ~200 characters, some with multi-byte UTF-8, so that
+    read-buffer boundaries fall inside lines and inside characters."""
+    out = []
+    for i in range(n):
+        words = [_WORDS[(i * 7 + j * 3) % len(_WORDS)] for j in range((i * 7919) % 23)]
+        out.append(f"{i:06d} {' '.join(words)}\n")
+    return out
+
+
+def raw_read_split(path: str, regex: str | None = None) -> list[str]:
+    """The plain-Python baseline: read the whole file, decode, split into lines."""
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    lines = text.splitlines(keepends=True)
+    if regex:
+        pat = re.compile(regex)
+        lines = [line for line in lines if pat.search(line)]
+    return lines
+
+
+def check_lines(got: list[str], expected: list[str], what: str) -> None:
+    """Raises if ``got`` is not exactly ``expected`` (names the first differing line)."""
+    if got == expected:
+        return
+    for i, (a, b) in enumerate(zip(got, expected, strict=False)):
+        if a != b:
+            raise AssertionError(f"{what}: line {i} differs: {a[:60]!r} != {b[:60]!r}")
+    raise AssertionError(f"{what}: {len(got)} lines, expected {len(expected)}")
+
+
+def measure_lines(
+    row: Any,
+    ship: Callable[[], Iterable[str]],
+    raw: Callable[[], list[str]],
+    expected: list[str],
+    runs: int,
+) -> None:
+    """Times ``ship`` (consuming every line) beside ``raw``, then checks that both gave exactly
+    ``expected``; a shipyard side that split or lost lines makes the row a MISS."""
+    from bench.harness import fill, interleave
+
+    def time_ship() -> float:
+        t0 = time.perf_counter()
+        n = sum(1 for _ in ship())
+        dt = time.perf_counter() - t0
+        counts["shipyard"] = n
+        return dt
+
+    def time_raw() -> float:
+        t0 = time.perf_counter()
+        n = len(raw())
+        dt = time.perf_counter() - t0
+        counts["raw"] = n
+        return dt
+
+    counts: dict[str, int] = {}
+    check_lines(raw(), expected, "raw " + row.name)
+    fill(row, interleave({"shipyard": time_ship, "raw": time_raw}, runs, warmup=1))
+    try:
+        check_lines(list(ship()), expected, row.name)
+    except AssertionError as e:
+        row.status = "MISS"
+        row.note = f"lines not whole: {e}"
+        return
+    row.note = f"{len(expected):,} lines, every line whole"

@@ -1,0 +1,289 @@
+"""Local scheduler rows: submit, time to SUCCEEDED, describe, cancel and log_iter, each beside
+``subprocess.Popen`` (or plain file reading) doing the same thing in the same run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench.common import LOG_REGEX, Ctx, measure_lines, raw_read_split
+from bench.harness import (
+    Row,
+    Section,
+    at_most_ms,
+    fill,
+    interleave,
+    ratio,
+    wait_for,
+)
+
+SLEEP = shutil.which("sleep") or "/bin/sleep"
+TRUE = shutil.which("true") or "/bin/true"
+CAT = shutil.which("cat") or "/bin/cat"
+POLL = 0.0005  # seconds between two polls of a state
+
+
+def _app(name: str, entrypoint: str, args: list[str], n: int = 1) -> Any:
+    from core.specs import AppDef, Role
+
+    return AppDef(name, [Role("r", entrypoint=entrypoint, args=args, num_replicas=n)])
+
+
+def _app_dir(app_id: str) -> str:
+    from core.schedulers import _local_runtime as rt
+
+    return os.path.join(rt.apps_root(), app_id)
+
+
+def _quiesce(runner: Any, handle: str) -> None:
+    """Waits until the app is terminal and its logs are collected, so that the background
+    work of one trial (reaper, collector) does not run during the next one."""
+    from core.schedulers import _local_runtime as rt
+
+    wait_for(lambda: (s := runner.status(handle)) is not None and s.is_terminal(), 30, handle)
+    app_dir = _app_dir(handle.rsplit("/", 1)[1])
+    wait_for(lambda: os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)), 30, f"{handle} logs")
+
+
+def _raw_popen(cmd: list[str], n: int, log_dir: str) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes with their stdout/stderr appended to per-replica log files, in their own
+    sessions: what the local scheduler must do at the least."""
+    os.makedirs(log_dir, exist_ok=True)
+    procs = []
+    for k in range(n):
+        with (
+            open(os.path.join(log_dir, f"{k}.stdout.log"), "ab") as out,
+            open(os.path.join(log_dir, f"{k}.stderr.log"), "ab") as err,
+        ):
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+            )
+    return procs
+
+
+def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait()
+
+
+def run(ctx: Ctx) -> list[Row]:
+    from core.runner import get_runner
+    from core.specs import AppState
+
+    sec = Section("local", ctx.runs, ctx.verbose)
+    runner = get_runner("bench")
+    raw_dir = os.path.join(ctx.tmp, "raw-local")
+    counter = [0]
+
+    def fresh_dir() -> str:
+        counter[0] += 1
+        return os.path.join(raw_dir, str(counter[0]))
+
+    # -- submit ----------------------------------------------------------------------------
+    for n in (1, 8, 32):
+
+        def submit_row(row: Row, n: int = n) -> None:
+            app = _app("bsub", "sleep", ["30"], n)
+
+            def shipyard() -> float:
+                t0 = time.perf_counter()
+                h = runner.run(app, "local_cwd")
+                dt = time.perf_counter() - t0
+                runner.cancel(h)
+                _quiesce(runner, h)
+                return dt
+
+            def raw() -> float:
+                d = fresh_dir()
+                t0 = time.perf_counter()
+                procs = _raw_popen([SLEEP, "30"], n, d)
+                dt = time.perf_counter() - t0
+                _kill(procs)
+                return dt
+
+            fill(
+                row,
+                interleave(
+                    {"shipyard": shipyard, "raw": raw}, ctx.runs * (2 if n < 32 else 1), warmup=2
+                ),
+            )
+
+        sec.measure(
+            sec.row(f"submit {n} replica(s) (sleep)", ratio(1.5), raw_name="Popen + log files"),
+            submit_row,
+        )
+
+    # -- submit -> SUCCEEDED ----------------------------------------------------------------
+    def succeeded_row(row: Row) -> None:
+        app = _app("btrue", "true", [])
+
+        def shipyard() -> float:
+            t0 = time.perf_counter()
+            h = runner.run(app, "local_cwd")
+            while True:
+                st = runner.status(h)
+                if st is not None and st.state == AppState.SUCCEEDED:
+                    break
+                if st is not None and st.is_terminal():
+                    raise AssertionError(f"{h} ended {st.state.name}")
+                time.sleep(POLL)
+            dt = time.perf_counter() - t0
+            _quiesce(runner, h)
+            return dt
+
+        def raw() -> float:
+            d = fresh_dir()
+            t0 = time.perf_counter()
+            (p,) = _raw_popen([TRUE], 1, d)
+            while p.poll() is None:
+                time.sleep(POLL)
+            return time.perf_counter() - t0
+
+        fill(row, interleave({"shipyard": shipyard, "raw": raw}, ctx.runs * 3, warmup=2))
+
+    sec.measure(
+        sec.row("trivial app: submit -> SUCCEEDED (polled)", at_most_ms(10), raw_name="Popen+poll"),
+        succeeded_row,
+    )
+
+    # -- describe from a fresh process ------------------------------------------------------
+    def describe_row(row: Row, cold: bool) -> None:
+        h = runner.run(_app("bdesc", "sleep", ["60"], 8), "local_cwd")
+        try:
+            wait_for(lambda: runner.status(h).state == AppState.RUNNING, 10, "RUNNING")
+            app_id = h.rsplit("/", 1)[1]
+            out = subprocess.run(
+                [ctx.python, "-m", "bench._worker", "local-describe", app_id,
+                 str(ctx.runs * 4), "cold" if cold else "warm"],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            if out.returncode != 0:
+                raise RuntimeError(f"worker failed: {out.stderr.strip()[-300:]}")
+            fill(row, json.loads(out.stdout))
+        finally:
+            runner.cancel(h)
+            _quiesce(runner, h)
+
+    sec.measure(
+        sec.row(
+            "describe 8 replicas, fresh process, new scheduler per call",
+            at_most_ms(1),
+            raw_name="read app.json + kill(pid, 0) x8",
+        ),
+        lambda row: describe_row(row, cold=True),
+    )
+    sec.measure(
+        sec.row(
+            "describe 8 replicas, fresh process, same scheduler",
+            at_most_ms(1),
+            raw_name="read app.json + kill(pid, 0) x8",
+        ),
+        lambda row: describe_row(row, cold=False),
+    )
+
+    # -- cancel ------------------------------------------------------------------------------
+    for n in (1, 32):
+
+        def cancel_row(row: Row, n: int = n) -> None:
+            app = _app("bcancel", "sleep", ["30"], n)
+
+            def shipyard() -> float:
+                h = runner.run(app, "local_cwd")
+                wait_for(lambda: runner.status(h).state == AppState.RUNNING, 10, "RUNNING")
+                time.sleep(0.1)  # the wrappers have exec'd their commands
+                t0 = time.perf_counter()
+                runner.cancel(h)
+                while True:
+                    st = runner.status(h)
+                    if st is not None and st.state == AppState.CANCELLED:
+                        break
+                    if st is not None and st.is_terminal():
+                        raise AssertionError(f"{h} ended {st.state.name}")
+                    time.sleep(POLL)
+                dt = time.perf_counter() - t0
+                _quiesce(runner, h)
+                return dt
+
+            def raw() -> float:
+                procs = _raw_popen([SLEEP, "30"], n, fresh_dir())
+                time.sleep(0.1)
+                t0 = time.perf_counter()
+                for p in procs:
+                    os.killpg(p.pid, signal.SIGTERM)
+                for p in procs:
+                    p.wait()
+                return time.perf_counter() - t0
+
+            fill(row, interleave({"shipyard": shipyard, "raw": raw}, ctx.runs, warmup=1))
+
+        sec.measure(
+            sec.row(f"cancel {n} replica(s) -> CANCELLED", at_most_ms(25), raw_name="killpg+wait"),
+            cancel_row,
+        )
+
+    # -- log_iter ----------------------------------------------------------------------------
+    def log_rows() -> None:
+        from core.schedulers import get_scheduler_factories
+
+        expected = ctx.log_lines()
+        h = runner.run(_app("blog", "cat", [ctx.log_file()]), "local_cwd")
+        st = runner.wait(h, wait_interval=0.05, timeout=120)
+        if st is None or st.state != AppState.SUCCEEDED:
+            raise RuntimeError(f"log app {h} ended {st}")
+        app_id = h.rsplit("/", 1)[1]
+        sched = get_scheduler_factories()["local_cwd"]("bench")
+        # raw: the file the process wrote (log_iter reads the collected combined log)
+        path = os.path.join(_app_dir(app_id), "r", "0.stdout.log")
+        pat = re.compile(LOG_REGEX)
+
+        for regex in (None, LOG_REGEX):
+            row = sec.row(
+                f"log_iter 200k lines{' with regex' if regex else ''}",
+                ratio(3),
+                raw_name="read + splitlines" + (" + re" if regex else ""),
+            )
+
+            def measure(row: Row, regex: str | None = regex) -> None:
+                want = expected if regex is None else [x for x in expected if pat.search(x)]
+                measure_lines(
+                    row,
+                    lambda: sched.log_iter(app_id, "r", 0, regex=regex),
+                    lambda: raw_read_split(path, regex),
+                    want,
+                    ctx.runs,
+                )
+
+            sec.measure(row, measure)
+        sched.close()
+
+    try:
+        log_rows()
+    except Exception as e:
+        r = sec.row("log_iter 200k lines", ratio(3))
+        r.status, r.note = "ERROR", f"{type(e).__name__}: {e}"
+        r.finish()
+    runner.close()
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    return sec.rows
+
+
+if __name__ == "__main__":
+    sys.exit("run `python -m bench --only local`")
