@@ -100,7 +100,7 @@ def built_images(docker_client: Any) -> Iterator[set[str]]:
 
 
 def wait_terminal(
-    sched: DockerScheduler, app_id: str, timeout: float = 60, every_replica: bool = False
+    sched: DockerScheduler, app_id: str, timeout: float = 180, every_replica: bool = False
 ) -> DescribeAppResponse:
     """Polls describe until the app (and with ``every_replica`` each replica) is terminal."""
     deadline = time.monotonic() + timeout
@@ -115,7 +115,7 @@ def wait_terminal(
         time.sleep(0.1)
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
+def wait_for(cond: Callable[[], bool], timeout: float = 90, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -128,6 +128,10 @@ def app_containers(docker_client: Any, app_id: str) -> list[dict[str, Any]]:
 
 def app_networks(docker_client: Any, app_id: str) -> list[dict[str, Any]]:
     return docker_client.api.networks(filters={"label": f"{LABEL_APP_ID}={app_id}"})
+
+
+def session_networks(docker_client: Any, sched: DockerScheduler) -> list[dict[str, Any]]:
+    return docker_client.api.networks(filters={"label": f"{LABEL_SESSION}={sched.session_name}"})
 
 
 def replicas(desc: DescribeAppResponse) -> dict[str, tuple[AppState, int | None]]:
@@ -638,11 +642,10 @@ def test_missing_image_fails_before_anything_starts(
             Role("bad", image="shipyard-test/does-not-exist:1", entrypoint="true"),
         ],
     )
-    before = len(docker_client.api.networks())
     with pytest.raises(ValueError, match=r"roles\[1\]\.image: .*not present.*never pulls"):
         sched.submit(app, {})
     assert sched.list() == []
-    assert len(docker_client.api.networks()) == before
+    assert session_networks(docker_client, sched) == []
 
 
 def test_failed_submit_leaves_no_container_or_network(
@@ -657,7 +660,6 @@ def test_failed_submit_leaves_no_container_or_network(
             Role("broken", image=IMAGE, entrypoint="true", mounts=[BindMount(str(tmp_path), "/")]),
         ],
     )
-    nets_before = {n["Id"] for n in docker_client.api.networks()}
     with pytest.raises(RuntimeError, match="nothing left behind"):
         sched.submit(app, {})
     assert (
@@ -666,7 +668,7 @@ def test_failed_submit_leaves_no_container_or_network(
         )
         == []
     )
-    assert {n["Id"] for n in docker_client.api.networks()} == nets_before
+    assert session_networks(docker_client, sched) == []
 
 
 def test_describe_many_list_and_idempotency_key(sched: DockerScheduler) -> None:
