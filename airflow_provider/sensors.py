@@ -85,7 +85,16 @@ class ShipyardJobSensor(BaseSensorOperator):
         if state in targets:
             return PokeReturnValue(is_done=True, xcom_value=state)
         if state in failures or state in TERMINAL_STATES:
-            raise AirflowFailException(f"app {handle} is {state}, not one of {targets}: {status}")
+            codes = ", ".join(
+                f"{role}/{k}={code}"
+                for role, role_codes in status.exit_codes().items()
+                for k, code in enumerate(role_codes)
+                if code not in (None, 0)
+            )
+            raise AirflowFailException(
+                f"app {handle} is {state}, not one of {targets}"
+                + (f" (exit codes: {codes})" if codes else "")
+            )
         return False
 
     def execute(self, context: Context) -> Any:

@@ -116,7 +116,7 @@ def test_sensor_fails_fast_on_a_failure_state(run_dag: Any) -> None:
     started = time.monotonic()
     result = run_dag("shipyard_test_sensor_failure")
     assert result.states == {"submit": "success", "wait": "failed"}
-    assert "is FAILED, not one of ['SUCCEEDED']" in result.log
+    assert "is FAILED, not one of ['SUCCEEDED'] (exit codes: bad/0=7)" in result.log
     # no retries (3 were allowed) and no waiting for the hour-long timeout
     assert result.task_instance("wait").try_number == 1
     assert time.monotonic() - started < 120
