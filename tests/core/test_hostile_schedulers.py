@@ -362,10 +362,15 @@ def test_docker_injection_corpus_reaches_the_container_verbatim(
         "w", image=BUSYBOX, entrypoint="sh", args=["-c", script, "sh", *corpus], env=env,
         mounts=[BindMount(str(out), "/out")],
     )  # fmt: skip
+    from core.schedulers.docker_scheduler import create_scheduler
+
     with get_runner("hostile") as runner:
         handle = runner.run(AppDef("evil", [role]), "local_docker")
-        st = wait_final(runner, handle)
-        logs = list(runner.log_lines(handle, "w", 0))
+        try:
+            st = wait_final(runner, handle)
+            logs = list(runner.log_lines(handle, "w", 0))
+        finally:
+            create_scheduler("hostile").purge(handle.rsplit("/", 1)[1])
     assert st.state == AppState.SUCCEEDED, logs
     app_id = handle.rsplit("/", 1)[1]
     argv = [a.decode() for a in (out / "argv").read_bytes().split(b"\0")[:-1]]
