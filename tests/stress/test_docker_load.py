@@ -180,5 +180,8 @@ def test_docker_describe_many_is_one_engine_call_per_poll(
             per_poll = len(calls) / 3
             assert per_poll <= 2, f"{per_poll} engine GETs per poll of {len(handles)} apps: {calls}"
         finally:
+            from core.schedulers.docker_scheduler import create_scheduler
+
+            sched = create_scheduler("dpoll")
             for h in handles:
-                runner.cancel(h)
+                sched.purge(parse_app_handle(h).app_id)
