@@ -88,9 +88,9 @@ def _default_name(entrypoint: str) -> str:
 
 
 def _load_app(args: argparse.Namespace) -> AppDef:
-    from core.appfile import load_app
-
     if args.appfile:
+        from core.appfile import load_app  # imports yaml: only for app files
+
         if args.command:
             raise ValueError("run: give either an app file or a command after --, not both")
         app = load_app(args.appfile)
