@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from functools import cache
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from core.schedulers.api import Scheduler
@@ -60,6 +59,8 @@ class _LazyFactory:
 
 @cache
 def _discover() -> tuple[tuple[str, _LazyFactory], ...]:
+    from importlib.metadata import entry_points  # lazy: its imports cost tens of ms
+
     found: dict[str, _LazyFactory] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         found[ep.name] = _LazyFactory(ep.name, ep.value, ep.load)
