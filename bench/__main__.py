@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     # local apps of the benchmark keep their state apart from the user's
     os.environ["SHIPYARD_STATE_DIR"] = os.path.join(tmp, "state")
     os.environ.setdefault("SHIPYARD_SESSION", "bench")
+    # Python processes started by the benchmark use bytecode caches, as an installed package
+    # does (kept apart from the source tree)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
     # run from the repository root so `python -m bench._worker` works in subprocesses
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(
