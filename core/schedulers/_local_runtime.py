@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -79,7 +80,7 @@ def apps_root() -> str:
 
 def write_atomic(path: str, data: str | bytes) -> None:
     """Writes ``path`` via a temporary file and ``os.replace`` (readers never see half a file)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # unique per writer thread
     raw = data.encode() if isinstance(data, str) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -267,43 +268,71 @@ def signal_groups(leaders: Iterable[tuple[int, float]], sig: int) -> list[tuple[
     return sent
 
 
-def session_members(sessions: dict[int, float]) -> list[int]:
-    """Live processes whose session is one of ``sessions`` (session id -> leader spawn time).
+#: environment variable every process of replica g of an app inherits: ``<app_id>:<g>``
+MARKER_ENV = "SHIPYARD_REPLICA_KEY"
 
-    A session whose id now belongs to a different process (pid reuse) is ignored. Used to find
-    what a replica left behind after its wrapper ended (processes that changed process group).
+
+def replica_members(app_id: str, replicas: Iterable[int] | None = None) -> list[int]:
+    """Live processes that carry the marker of the app (or of the given replicas of it).
+
+    Every process of a replica inherits :data:`MARKER_ENV`, also those that left its process
+    group or session: this finds what a replica left behind after its wrapper ended.
     """
-    if not sessions or not _HAVE_PROC:
+    if not _HAVE_PROC:
         return []
-    valid = {}
-    for sid, spawned in sessions.items():
-        st = proc_stat(sid)
-        if st is None or st[0] in ("Z", "X", "x") or _same_process(st, spawned):
-            valid[sid] = spawned
-    if not valid:
-        return []
+    prefix = f"{MARKER_ENV}={app_id}:".encode()
+    wanted = None if replicas is None else {str(g).encode() for g in replicas}
     me = os.getpid()
     found = []
     try:
         names = os.listdir("/proc")
     except OSError:
         return []
-    getsid = os.getsid
     for name in names:
         if not name.isdigit():
             continue
         pid = int(name)
+        if pid == me:
+            continue
         try:
-            sid = getsid(pid)  # one syscall; /proc/<pid>/stat only for the few matches
+            fd = os.open(f"/proc/{name}/environ", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
-        if sid not in valid or pid == me:
+        try:
+            chunks = []
+            while True:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                chunks.append(data)
+        except OSError:
             continue
-        st = proc_stat(pid)
-        if st is None or st[0] in ("Z", "X", "x"):
+        finally:
+            os.close(fd)
+        env = b"".join(chunks)  # empty for zombies and kernel threads
+        i = env.find(prefix)
+        while i > 0 and env[i - 1] != 0:  # must start a variable
+            i = env.find(prefix, i + 1)
+        if i < 0:
             continue
-        found.append(pid)
+        j = env.find(b"\0", i)
+        g = env[i + len(prefix) : j if j >= 0 else len(env)]
+        if wanted is None or g in wanted:
+            found.append(pid)
     return found
+
+
+def groups_empty(leaders: Iterable[tuple[int, float]]) -> bool:
+    """True if no process (zombies included) is left in the wrappers' process groups."""
+    for pid, _ in leaders:
+        try:
+            os.killpg(pid, 0)
+            return False
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return False
+    return True
 
 
 def kill_pids(pids: Iterable[int], sig: int) -> None:
@@ -507,10 +536,15 @@ def terminate(
     summary: dict[str, Any],
     grace: float = DEFAULT_GRACE,
     only: Sequence[int] | None = None,
+    scan: bool = True,
 ) -> None:
     """Ends every replica's process tree: SIGTERM to all process groups at once, waits for the
     wrappers to exit, SIGKILL after ``grace`` seconds, then ends whatever the replicas left
-    behind in their sessions (processes that moved to another process group)."""
+    behind (see :func:`replica_members`).
+
+    With ``scan=False`` the look for processes that left their process group is skipped when
+    the groups are empty (a live collector does it when it sees the wrappers end).
+    """
     leaders = replica_leaders(summary)
     chosen = list(only if only is not None else range(len(leaders)))
     targets = [leaders[g] for g in chosen]
@@ -519,27 +553,32 @@ def terminate(
     if left:
         killed = signal_groups([leaders[g] for g in left], signal.SIGKILL)
         _record_killed(app_dir, summary, killed)
-    reap_sessions(dict(targets), grace)
+    if scan or not groups_empty(targets):
+        app_id = summary.get("app_id") or os.path.basename(app_dir)
+        reap_replicas(app_id, chosen, grace)
 
 
-def reap_sessions(sessions: dict[int, float], grace: float) -> None:
-    """Terminates processes left in the replicas' sessions (TERM, then KILL after ``grace``)."""
-    left = session_members(sessions)
+def reap_replicas(app_id: str, replicas: Iterable[int] | None, grace: float) -> None:
+    """Terminates what is left of the given replicas (TERM, then KILL after ``grace``)."""
+    wanted = None if replicas is None else list(replicas)
+    left = replica_members(app_id, wanted)
     if not left:
         return
     kill_pids(left, signal.SIGTERM)
     deadline = time.monotonic() + max(grace, 0.0)
     delay = 0.001
-    while time.monotonic() < deadline:
-        left = session_members(sessions)
-        if not left:
-            return
+    while left and time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
-    kill_pids(session_members(sessions), signal.SIGKILL)
+        left = [p for p in left if is_alive(p)]
+    left = sorted(set(left) | set(replica_members(app_id, wanted)))  # and any new ones
+    if not left:
+        return
+    kill_pids(left, signal.SIGKILL)
     deadline = time.monotonic() + 2.0
-    while session_members(sessions) and time.monotonic() < deadline:
+    while left and time.monotonic() < deadline:
         time.sleep(0.005)
+        left = [p for p in left if is_alive(p)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -796,8 +835,8 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
                 if newly:
                     for rl in newly:
                         rl.exited = True
-                    # whatever a finished replica left running in its session goes too
-                    reap_sessions({leaders[rl.g][0]: leaders[rl.g][1] for rl in newly}, grace)
+                    # whatever a finished replica left running goes too
+                    reap_replicas(summary["app_id"], [rl.g for rl in newly], grace)
                     for rl in newly:
                         rl.poll(time.time(), final=True)
                         rl.finished = True

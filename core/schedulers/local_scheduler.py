@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import dataclasses
 import itertools
 import json
 import logging
@@ -79,7 +80,6 @@ from core.specs import (
     Role,
     RoleStatus,
     is_terminal,
-    macros,
     runopts,
 )
 
@@ -119,10 +119,6 @@ _WRAPPER = (
     ' (exec "$@" 2>&3 3>&-); echo $? > "$0"'
 )
 _SH = "/bin/sh"
-# setsid(2) in the child before exec is slow where the kernel's scheduler autogroups are on (a
-# new session gets a new group): util-linux setsid makes the session after exec, off the submit
-# path. It does not fork, since the child is not a process group leader.
-_SETSID = shutil.which("setsid")
 
 _APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
@@ -721,15 +717,14 @@ class LocalScheduler(Scheduler[PopenRequest]):
         role_params: dict[str, list[ReplicaParam]] = {}
         role_log_dirs: dict[str, list[str]] = {}
         base_path = os.environ.get("PATH", os.defpath)
+        flat: list[ReplicaParam] = []
         for i, role in enumerate(app.roles):
             img_root = provider.fetch_role(role)
             params: list[ReplicaParam] = []
             dirs: list[str] = []
+            resolved: dict[tuple[str, str, str], str] = {}
             for k in range(role.num_replicas):
-                values = macros.Values(
-                    img_root=img_root, app_id=app_id, replica_id=str(k), rank0_env=RANK0_ENV
-                )
-                replica_role = values.apply(role)
+                replica_role = _apply_macros(role, img_root, app_id, k)
                 replica_dir = log_dir
                 base = os.path.join(log_dir, f"{role.name}.{k}")
                 param = provider.get_replica_param(
@@ -757,7 +752,12 @@ class LocalScheduler(Scheduler[PopenRequest]):
                         RANK0_ENV: _HOSTNAME,
                     }
                 )
-                param.args[0] = self._resolve_entrypoint(param.args[0], cwd, path, i)
+                where = (param.args[0], cwd, path)
+                if where not in resolved:  # the same for every replica, mostly
+                    resolved[where] = self._resolve_entrypoint(param.args[0], cwd, path, i)
+                param.args[0] = resolved[where]
+                param.env[rt.MARKER_ENV] = f"{app_id}:{len(flat)}"
+                flat.append(param)
                 params.append(param)
                 dirs.append(replica_dir)
             role_params[role.name] = params
@@ -852,8 +852,6 @@ class LocalScheduler(Scheduler[PopenRequest]):
         procs: list[subprocess.Popen[bytes]] = []
         with self._lock:
             self._inflight[app_id] = started
-        prefix = [_SETSID] if _SETSID else []
-        new_session = not _SETSID
         try:
             # every log file's directory must be usable before anything starts
             paths: list[tuple[str, str, str]] = []
@@ -874,16 +872,17 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 for k, param in enumerate(params):
                     out, err, comb = paths[g]
                     spawned = time.time()
+                    # its own process group (not session: setsid(2) is slow where the kernel's
+                    # autogroups are on); what leaves the group is found by MARKER_ENV
                     proc = subprocess.Popen(
-                        prefix
-                        + [_SH, "-c", _WRAPPER, os.path.join(app_dir, f"exit.{g}"), out, err]
+                        [_SH, "-c", _WRAPPER, os.path.join(app_dir, f"exit.{g}"), out, err]
                         + param.args,
                         stdin=self._devnull,
                         stdout=self._devnull,
                         stderr=self._devnull,
                         cwd=param.cwd,
                         env={**base_env, **param.env},
-                        start_new_session=new_session,
+                        process_group=0,
                     )
                     started.append((proc.pid, spawned))
                     procs.append(proc)
@@ -1166,7 +1165,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
             if desc is None or is_terminal(desc.state):
                 return
             rt.create_exclusive(os.path.join(app_dir, rt.CANCELLED), json.dumps(time.time()))
-            rt.terminate(app_dir, summary, grace=self._grace)
+            # a live collector looks for what left the process groups when the wrappers end
+            rt.terminate(app_dir, summary, grace=self._grace, scan=not rt.collector_alive(app_dir))
             self.describe(app_id)
         with self._lock:
             self._cancel_locks.pop(app_id, None)
@@ -1273,6 +1273,27 @@ class LocalScheduler(Scheduler[PopenRequest]):
 # --------------------------------------------------------------------------------------------
 # describe helpers
 # --------------------------------------------------------------------------------------------
+
+
+def _apply_macros(role: Role, img_root: str, app_id: str, k: int) -> Role:
+    """What ``macros.Values(...).apply(role)`` gives, without deep-copying the role for every
+    replica: a shallow copy with the macros substituted in args and env."""
+    values = {
+        "img_root": img_root,
+        "app_id": app_id,
+        "replica_id": str(k),
+        "rank0_env": RANK0_ENV,
+        "base_img_root": NONE,
+    }
+
+    def sub(text: str) -> str:
+        return string.Template(text).safe_substitute(values) if "$" in text else text
+
+    return dataclasses.replace(
+        role,
+        args=[sub(a) for a in role.args],
+        env={key: sub(v) for key, v in role.env.items()},
+    )
 
 
 def _check_log_dir(path: str, is_state: bool) -> None:

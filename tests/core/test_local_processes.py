@@ -253,7 +253,10 @@ def test_cancel_ends_the_whole_process_tree(tmp_path: Path) -> None:
         assert len(live_processes(marker)) >= 8
         s.cancel(app_id)
         assert s.describe(app_id).state == AppState.CANCELLED  # type: ignore[union-attr]
-        assert not any(pid_alive(p) for p in pids)
+        # the replicas' process groups are gone when cancel returns
+        assert not pid_alive(pids[0]) and not pid_alive(pids[3])
+        # what left its process group is found (by its inherited marker) right after
+        wait_for(lambda: not any(pid_alive(p) for p in pids), what="escaped grandchildren")
         assert live_processes(marker) == []
         wait_for(lambda: not live_processes(app_id), what="collector exit")
     finally:

@@ -569,3 +569,20 @@ def test_close_keeps_apps_running_and_restores_signal_handlers() -> None:
         assert other.describe_many([app_id, "nope-1"])["nope-1"] is None
     finally:
         other.close()
+
+
+def test_macros_are_substituted_like_macros_values_apply(sched: LocalScheduler) -> None:
+    args = ["${app_id}/${replica_id}", "$$x", "${img_root}", "$unknown ${rank0_env}", "plain"]
+    env = {"A": "${replica_id}", "B": "$${app_id}", "C": "${base_img_root}"}
+    app = AppDef("mac", [Role("r", entrypoint="echo", args=args, env=env, num_replicas=2)])
+    req = sched.submit_dryrun(app, {}).request
+    for k, param in enumerate(req.role_params["r"]):
+        want = macros.Values(
+            img_root=os.getcwd(),
+            app_id=req.app_id,
+            replica_id=str(k),
+            rank0_env="SHIPYARD_RANK0_HOST",
+        ).apply(app.roles[0])
+        assert param.args[1:] == want.args
+        assert {key: param.env[key] for key in env} == want.env
+    assert app.roles[0].args == args  # the app itself is untouched
