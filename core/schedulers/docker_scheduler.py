@@ -453,6 +453,14 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             where = f"roles[{i}]"
             if not role.image:
                 raise ValueError(f"{where}.image: a Docker image is required for {BACKEND}")
+            name = role.image.split("@", 1)[0]
+            if ":" in name.rsplit("/", 1)[-1]:
+                name = name.rsplit(":", 1)[0]
+            if len(name) > 255:
+                raise ValueError(
+                    f"{where}.image: the repository name must be at most 255 characters,"
+                    f" got {len(name)}"
+                )
             if not (_match_image_ref(role.image) or re.match(_IMAGE_ID_RE, role.image)):
                 raise ValueError(
                     f"{where}.image: not a valid Docker image reference (lower-case"
@@ -658,11 +666,15 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         The images must be present on the engine (they are never pulled). If anything fails,
         every container and the network created so far are removed before the error is raised.
         """
-        from docker.errors import APIError
+        from docker.errors import APIError, ImageNotFound
 
         req = dryrun_info.request
         self.push_images(dryrun_info._images_to_push)
-        self._check_images(req, dryrun_info._app)
+        single = len(req.containers) == 1
+        if not single:
+            self._check_images(req, dryrun_info._app)
+        # (a lone container needs no check first: if its image is missing, creating it fails
+        # before anything started, with the same error)
 
         api = self._api
         network = next(
@@ -689,13 +701,23 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
                         LABEL_APP_ID: req.app_id,
                     },
                 )
-            if len(req.containers) == 1:
+            if single:
                 create_and_start(req.containers[0])
             else:
                 for fut in [self._executor().submit(create_and_start, c) for c in req.containers]:
                     fut.result()
         except BaseException as e:
             self._cleanup_failed_submit(created, network)
+            if single and not created and isinstance(e, APIError):
+                image = req.containers[0].image
+                if isinstance(e, ImageNotFound):
+                    raise self._missing_image_error(image, dryrun_info._app) from None
+                why = str(e.explanation or e)
+                if any(w in why.lower() for w in ("reference", "repository", "image", "tag")):
+                    raise ValueError(
+                        f"{self._image_field(image, dryrun_info._app)}: the Docker engine"
+                        f" rejects image {image!r}: {why}"
+                    ) from None
             if isinstance(e, APIError):
                 why = str(e.explanation or e)
                 if "docker0" in why:
@@ -725,28 +747,34 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             create_kwargs["stop_timeout"] = stop_timeout
         return create_kwargs  # type: ignore[no-any-return]
 
+    @staticmethod
+    def _image_field(image: str, app: AppDef | None) -> str:
+        for i, role in enumerate(app.roles if app is not None else []):
+            if role.image == image:
+                return f"roles[{i}].image"
+        return "image"
+
+    def _missing_image_error(self, image: str, app: AppDef | None) -> ValueError:
+        return ValueError(
+            f"{self._image_field(image, app)}: image {image!r} is not present on the Docker"
+            " engine; build or load it first (local_docker never pulls images)"
+        )
+
     def _check_images(self, req: DockerJob, app: AppDef | None) -> None:
         """Fails with a ValueError naming the role if an image is not on the engine."""
         from docker.errors import APIError, ImageNotFound
 
-        where: dict[str, str] = {}
-        if app is not None:
-            for i, role in enumerate(app.roles):
-                where.setdefault(role.image, f"roles[{i}].image")
         images = list(dict.fromkeys(c.image for c in req.containers))
 
         def check(image: str) -> None:
-            field_name = where.get(image, "image")
             try:
                 self._api.inspect_image(image)
             except ImageNotFound:
-                raise ValueError(
-                    f"{field_name}: image {image!r} is not present on the Docker engine;"
-                    " build or load it first (local_docker never pulls images)"
-                ) from None
+                raise self._missing_image_error(image, app) from None
             except APIError as e:
                 raise ValueError(
-                    f"{field_name}: the Docker engine rejects image {image!r}: {e.explanation or e}"
+                    f"{self._image_field(image, app)}: the Docker engine rejects image"
+                    f" {image!r}: {e.explanation or e}"
                 ) from None
 
         if len(images) == 1:

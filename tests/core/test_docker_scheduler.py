@@ -268,6 +268,7 @@ def test_bad_cfg_is_rejected_naming_the_field(cfg: dict[str, Any], match: str) -
         (Role("r", entrypoint="true"), r"roles\[0\]\.image: a Docker image is required"),
         (Role("r", image="Not An Image", entrypoint="true"), r"roles\[0\]\.image: not a valid"),
         (Role("r", image="UPPER/case", entrypoint="true"), r"roles\[0\]\.image: not a valid"),
+        (Role("r", image="a" * 256, entrypoint="true"), r"roles\[0\]\.image: the repository"),
         (
             Role("r", image=IMAGE, entrypoint="true", mounts=[BindMount("/no/such/dir", "/x")]),
             r"roles\[0\]\.mounts\[0\]\.src: bind source '/no/such/dir' does not exist",
@@ -644,6 +645,11 @@ def test_missing_image_fails_before_anything_starts(
     )
     with pytest.raises(ValueError, match=r"roles\[1\]\.image: .*not present.*never pulls"):
         sched.submit(app, {})
+    alone = AppDef(
+        "noimg", [Role("bad", image="shipyard-test/does-not-exist:1", entrypoint="true")]
+    )
+    with pytest.raises(ValueError, match=r"roles\[0\]\.image: .*not present.*never pulls"):
+        sched.submit(alone, {})
     assert sched.list() == []
     assert session_networks(docker_client, sched) == []
 
