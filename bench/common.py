@@ -80,30 +80,33 @@ def measure_lines(
     raw: Callable[[], list[str]],
     expected: list[str],
     runs: int,
+    warmup: int = 1,
 ) -> None:
-    """Times ``ship`` (consuming every line) beside ``raw``, then checks that both gave exactly
-    ``expected``; a shipyard side that split or lost lines makes the row a MISS."""
+    """Times ``ship`` (collecting every line) beside ``raw``, then checks that both gave exactly
+    ``expected`` (the lines of their last timed run); a shipyard side that split or lost lines
+    makes the row a MISS."""
     from bench.harness import fill, interleave
+
+    got: dict[str, list[str]] = {}
 
     def time_ship() -> float:
         t0 = time.perf_counter()
-        n = sum(1 for _ in ship())
+        lines = list(ship())
         dt = time.perf_counter() - t0
-        counts["shipyard"] = n
+        got["shipyard"] = lines
         return dt
 
     def time_raw() -> float:
         t0 = time.perf_counter()
-        n = len(raw())
+        lines = raw()
         dt = time.perf_counter() - t0
-        counts["raw"] = n
+        got["raw"] = lines
         return dt
 
-    counts: dict[str, int] = {}
-    check_lines(raw(), expected, "raw " + row.name)
-    fill(row, interleave({"shipyard": time_ship, "raw": time_raw}, runs, warmup=1))
+    fill(row, interleave({"shipyard": time_ship, "raw": time_raw}, runs, warmup=warmup))
+    check_lines(got["raw"], expected, "raw " + row.name)
     try:
-        check_lines(list(ship()), expected, row.name)
+        check_lines(got["shipyard"], expected, row.name)
     except AssertionError as e:
         row.status = "MISS"
         row.note = f"lines not whole: {e}"
