@@ -50,10 +50,13 @@ class PrivateDockerd:
         self.sock = f"unix://{root}/d.sock"
         self.pidfile = root / "d.pid"
         ns = f"shipyard-fault-{os.getpid()}-{root.name}"
+        # Own network namespace: this dockerd's bridge must not replace the host engine's docker0
+        # (`--bridge=none` deletes it). unshare execs dockerd, so self.proc is dockerd itself.
         self.cmd = [
+            "unshare", "--net", "--",
             "dockerd", "--host", self.sock, "--data-root", str(root / "data"),
             "--exec-root", str(root / "x"), "--pidfile", str(self.pidfile),
-            "--iptables=false", "--ip-forward=false", "--bridge=none",
+            "--iptables=false", "--ip-forward=false",
             "--containerd-namespace", ns, "--containerd-plugins-namespace", ns + "-p",
         ] + (["--live-restore"] if live_restore else [])  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
