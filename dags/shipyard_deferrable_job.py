@@ -36,7 +36,7 @@ with DAG(
                     entrypoint="sh",
                     args=[
                         "-c",
-                        'for i in 1 2 3; do echo "trainer ${replica_id}: step $i"; sleep 0.5; done',
+                        'for i in 1 2 3; do echo "trainer ${replica_id}: step $i"; sleep 1; done',
                     ],
                     num_replicas=2,
                 )

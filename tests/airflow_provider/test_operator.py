@@ -120,7 +120,7 @@ def test_deferrable_frees_the_worker_and_completes_in_the_trigger(runner: Any) -
     ti = TaskInstanceStub()
     op = ShipyardOperator(
         task_id="job",
-        app=sh("deferred", 'for i in 1 2 3; do echo "step $i"; sleep 0.3; done', replicas=2),
+        app=sh("deferred", 'for i in 1 2 3; do echo "step $i"; sleep 0.5; done', replicas=2),
         deferrable=True,
         poll_interval=0.2,
     )

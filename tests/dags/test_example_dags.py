@@ -70,7 +70,7 @@ def test_deferrable_job_dag(run_dag: Any) -> None:
     assert result.states == {"train": "success", "submit": "success", "wait": "success"}
     # the task deferred (freeing the worker) and the trigger ran, streaming the job's lines
     assert "deferring to ShipyardJobTrigger" in result.log
-    assert result.log.count("[DAG TEST] running trigger in line") >= 2
+    assert "[DAG TEST] running trigger in line" in result.log
     for k in (0, 1):
         assert result.job_lines(f"trainer/{k} ") == [
             f"trainer/{k} trainer {k}: step {i}" for i in (1, 2, 3)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
+import threading
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.sdk import DAG
 
 from airflow_provider.operators import ShipyardOperator
 from airflow_provider.sensors import ShipyardJobSensor
-from core.specs import AppDef, Role
+from core.specs import AppDef, Role, parse_app_handle
 
 START = datetime(2025, 1, 1)
 SCHEDULER = os.environ.get("SHIPYARD_TEST_AIRFLOW_SCHEDULER", "local_cwd")
@@ -38,7 +41,7 @@ with _dag("shipyard_test_failing") as failing_dag:
 with _dag("shipyard_test_deferred_failing") as deferred_failing_dag:
     ShipyardOperator(
         task_id="fail",
-        app=sh("fail", "echo 'about to fail'; sleep 1; exit 4"),
+        app=sh("fail", "echo 'about to fail'; sleep 2; exit 4"),
         scheduler=SCHEDULER,
         deferrable=True,
         poll_interval=0.5,
@@ -81,15 +84,37 @@ with _dag("shipyard_test_crash") as crash_dag:
         retry_delay=timedelta(seconds=0),
     )
 
+# Jobs that run until released: ``release_soon`` (a sensor's on_execute_callback) releases the
+# job a second after the sensor started, so every sensor sees the job RUNNING first, however
+# slowly the machine runs the tasks before it.
+RELEASE_DIR = os.path.join(tempfile.gettempdir(), "shipyard-test-release")
+
+
+def held_job(name: str) -> AppDef:
+    return sh(
+        name,
+        f'i=0; while [ ! -e "{RELEASE_DIR}/${{app_id}}" ] && [ "$i" -lt 600 ]; do'
+        " sleep 0.1; i=$((i + 1)); done; echo released",
+    )
+
+
+def release_soon(context: Any) -> None:
+    ti = context["ti"]
+    submit_id = ti.task_id.replace("wait_", "submit_")
+    handle = ti.xcom_pull(task_ids=submit_id)
+    path = os.path.join(RELEASE_DIR, parse_app_handle(handle).app_id)
+    os.makedirs(RELEASE_DIR, exist_ok=True)
+    threading.Timer(1.0, lambda: open(path, "w").close()).start()
+
+
 with _dag("shipyard_test_sensor_modes") as sensor_modes_dag:
-    # dag.test() runs one task at a time: each sensor starts right after its own job is
-    # submitted, so each one really waits (poke: sleeps; reschedule: gives the slot back and is
-    # rescheduled; deferrable: waits in the trigger)
+    # poke: sleeps between pokes; reschedule: gives the slot back and is rescheduled;
+    # deferrable: waits in the trigger
     previous = None
     for mode in ("poke", "reschedule", "deferrable"):
         submit = ShipyardOperator(
             task_id=f"submit_{mode}",
-            app=sh(f"job-{mode}", "sleep 3; echo ok"),
+            app=held_job(f"job-{mode}"),
             scheduler=SCHEDULER,
             wait_for_completion=False,
         )
@@ -100,6 +125,7 @@ with _dag("shipyard_test_sensor_modes") as sensor_modes_dag:
             deferrable=mode == "deferrable",
             poke_interval=0.5 if mode != "reschedule" else 1,
             timeout=120,
+            on_execute_callback=release_soon,
         )
         if previous is not None:
             previous >> submit
