@@ -88,9 +88,10 @@ def engine(request: pytest.FixtureRequest, docker_client: Any) -> Iterator[Priva
     d.start()
     try:
         save = subprocess.Popen(["docker", "save", IMAGE], stdout=subprocess.PIPE)
-        subprocess.run(["docker", "-H", d.sock, "load", "-q"], stdin=save.stdout, check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
+        load = subprocess.run(["docker", "-H", d.sock, "load", "-q"], stdin=save.stdout,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert save.wait(timeout=60) == 0
+        assert load.returncode == 0, load.stderr
         yield d
     finally:
         if d.proc is None:
