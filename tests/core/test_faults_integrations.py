@@ -267,6 +267,9 @@ def test_concurrent_prefect_waits_share_their_slurm_polls(
         elapsed = time.monotonic() - t0
         assert states == ["SUCCEEDED"] * n
         polls = calls.count("squeue") + calls.count("sacct")
+        print(
+            f"\nprefect waits: {n} jobs waited on at once for {elapsed:.1f}s: {polls} squeue+sacct"
+        )
         # one poll round a second, shared: ~elapsed calls; unshared: ~n times as many
         assert polls <= 3 * elapsed + 10, (
             f"{n} concurrent waits made {polls} Slurm CLI calls in {elapsed:.0f}s"

@@ -150,6 +150,7 @@ def test_docker_load_50_apps_of_2_replicas(docker_client: Any) -> None:
             list(pool.map(lambda h: sched.purge(parse_app_handle(h).app_id), handles.values()))
     app_ids = {parse_app_handle(h).app_id for h in handles.values()}
     assert not _engine_objects(docker_client, app_ids), "left behind after purge"
+    print(f"\ndocker load: {N_APPS} apps x 2 replicas, {sum(map(len, seen.values()))} describes")
 
 
 def test_docker_describe_many_is_one_engine_call_per_poll(
@@ -178,6 +179,9 @@ def test_docker_describe_many_is_one_engine_call_per_poll(
                 assert all(st is not None for st in statuses.values())
             monkeypatch.undo()
             per_poll = len(calls) / 3
+            print(
+                f"\ndocker polling: {per_poll:.1f} engine GETs per status_many of {len(handles)} apps"
+            )
             assert per_poll <= 2, f"{per_poll} engine GETs per poll of {len(handles)} apps: {calls}"
         finally:
             from core.schedulers.docker_scheduler import create_scheduler
