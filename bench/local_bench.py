@@ -53,8 +53,8 @@ def _quiesce(runner: Any, handle: str) -> None:
 
 
 def _raw_popen(cmd: list[str], n: int, log_dir: str) -> list[subprocess.Popen[bytes]]:
-    """``n`` processes with their stdout/stderr appended to per-replica log files, in their own
-    sessions: what the local scheduler must do at the least."""
+    """``n`` processes with their stdout/stderr appended to per-replica log files, each in its
+    own process group: what the local scheduler must do at the least."""
     os.makedirs(log_dir, exist_ok=True)
     procs = []
     for k in range(n):
@@ -68,7 +68,7 @@ def _raw_popen(cmd: list[str], n: int, log_dir: str) -> list[subprocess.Popen[by
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
-                    start_new_session=True,
+                    process_group=0,  # cancelled with killpg, as shipyard's replicas
                 )
             )
     return procs
@@ -241,6 +241,7 @@ def run(ctx: Ctx) -> list[Row]:
 
     # -- log_iter ----------------------------------------------------------------------------
     def log_rows() -> None:
+        from core.schedulers import _local_runtime as rt
         from core.schedulers import get_scheduler_factories
 
         expected = ctx.log_lines()
@@ -251,7 +252,9 @@ def run(ctx: Ctx) -> list[Row]:
         app_id = h.rsplit("/", 1)[1]
         sched = get_scheduler_factories()["local_cwd"]("bench")
         # raw: the file the process wrote (log_iter reads the collected combined log)
-        path = os.path.join(_app_dir(app_id), "r", "0.stdout.log")
+        summary = rt.load_summary(_app_dir(app_id))
+        assert summary is not None
+        path = summary["replicas"][0]["out"]
         pat = re.compile(LOG_REGEX)
 
         for regex in (None, LOG_REGEX):
