@@ -247,25 +247,25 @@ def is_alive(pid: int, spawned: float = 0.0) -> bool:
     return True
 
 
+def _signal_group(pid: int, sig: int) -> bool:
+    """Signals the process group led by ``pid`` (or ``pid`` alone if it has no group)."""
+    try:
+        os.killpg(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
 def signal_groups(leaders: Iterable[tuple[int, float]], sig: int) -> list[tuple[int, float]]:
     """Sends ``sig`` to the process group of every live leader; returns the ones signalled."""
-    sent = []
-    for pid, start in leaders:
-        if not is_alive(pid, start):
-            continue
-        try:
-            os.killpg(pid, sig)
-            sent.append((pid, start))
-            continue
-        except (ProcessLookupError, PermissionError):
-            # no such group yet: a wrapper started an instant ago, before its setsid
-            pass
-        try:
-            os.kill(pid, sig)
-            sent.append((pid, start))
-        except OSError:
-            pass
-    return sent
+    return [
+        (pid, start) for pid, start in leaders if is_alive(pid, start) and _signal_group(pid, sig)
+    ]
 
 
 #: environment variable every process of replica g of an app inherits: ``<app_id>:<g>``
@@ -495,29 +495,17 @@ def open_pidfds(leaders: Iterable[tuple[int, float]]) -> dict[int, int] | None:
     return fds
 
 
-def wait_exits(
-    leaders: Sequence[tuple[int, float]], indices: Iterable[int], timeout: float
-) -> list[int]:
-    """Waits up to ``timeout`` s for the given leaders to exit; returns those still running."""
+def _wait_fds(fds: dict[int, int], timeout: float) -> list[int]:
+    """Waits up to ``timeout`` s for the pidfds to become readable (their processes exited);
+    returns the values of those still running. Closes every fd."""
     import select
 
-    pending = [i for i in indices if is_alive(*leaders[i])]
-    if not pending:
-        return []
-    deadline = time.monotonic() + max(timeout, 0.0)
-    fds = open_pidfds([leaders[i] for i in pending])
-    if fds is None:
-        delay = 0.0005
-        while pending and time.monotonic() < deadline:
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-            pending = [i for i in pending if is_alive(*leaders[i])]
-        return pending
     try:
-        waiting = {fd: pending[j] for fd, j in fds.items()}
+        waiting = dict(fds)
         poller = select.poll()
         for fd in waiting:
             poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + max(timeout, 0.0)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -529,6 +517,24 @@ def wait_exits(
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def wait_exits(
+    leaders: Sequence[tuple[int, float]], indices: Iterable[int], timeout: float
+) -> list[int]:
+    """Waits up to ``timeout`` s for the given leaders to exit; returns those still running."""
+    chosen = list(indices)
+    fds = open_pidfds([leaders[i] for i in chosen])
+    if fds is not None:
+        return _wait_fds({fd: chosen[j] for fd, j in fds.items()}, timeout)
+    pending = [i for i in chosen if is_alive(*leaders[i])]
+    deadline = time.monotonic() + max(timeout, 0.0)
+    delay = 0.0005
+    while pending and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+        pending = [i for i in pending if is_alive(*leaders[i])]
+    return pending
 
 
 def terminate(
@@ -548,8 +554,15 @@ def terminate(
     leaders = replica_leaders(summary)
     chosen = list(only if only is not None else range(len(leaders)))
     targets = [leaders[g] for g in chosen]
-    signal_groups(targets, signal.SIGTERM)
-    left = wait_exits(leaders, chosen, grace)
+    fds = open_pidfds(targets)  # each checked to be the right process, once
+    if fds is None:
+        signal_groups(targets, signal.SIGTERM)
+        left = wait_exits(leaders, chosen, grace)
+    else:
+        running = {fd: chosen[j] for fd, j in fds.items()}
+        for g in running.values():  # all groups at once, then wait for all
+            _signal_group(leaders[g][0], signal.SIGTERM)
+        left = _wait_fds(running, grace)
     if left:
         killed = signal_groups([leaders[g] for g in left], signal.SIGKILL)
         _record_killed(app_dir, summary, killed)

@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import abc
 import atexit
+import collections
 import dataclasses
 import itertools
 import json
 import logging
 import os
-import queue
 import re
 import secrets
 import shutil
@@ -126,6 +126,8 @@ _HOSTNAME = "localhost"
 _MAX_PIDFDS = 256  # per scheduler: pidfds kept to check running replicas cheaply
 _COLLECTOR_DELAY = 0.025  # seconds after submit before a log collector process is started
 _COLLECTOR_NICE = 5  # the collector yields to the replicas
+_TICK = 0.025  # seconds between looks of the background thread while it is busy
+_WARM = 2.0  # seconds it keeps ticking after its last activity
 _CHUNK = 1 << 20
 
 
@@ -312,65 +314,141 @@ class LocalDirectoryImageProvider(ImageProvider):
 # --------------------------------------------------------------------------------------------
 
 
-class _Reaper:
-    """Reaps the replica wrappers this process started, as soon as they exit (one thread).
+class _Background:
+    """The one background thread of the local scheduler in a process.
 
-    A wrapper killed by a signal could not record its exit code: the reaper records it.
+    * reaps the replica wrappers (and collectors) this process started as soon as they exit
+      (pidfds); a wrapper killed by a signal could not record its exit code, so it does;
+    * starts each app's log collector :data:`_COLLECTOR_DELAY` seconds after submit, or, for an
+      app that already ended by then, collects its logs right here (short apps never pay for
+      an interpreter start);
+    * evicts old finished apps when idle.
+
+    Submitting only appends to a queue: the thread polls every :data:`_TICK` seconds for a while
+    after any activity, and is woken through a pipe only when it sleeps without a deadline.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._procs: dict[int, tuple[subprocess.Popen[bytes], str | None, int]] = {}
-        self._new: queue.SimpleQueue[tuple[subprocess.Popen[bytes], str | None, int]] = (
-            queue.SimpleQueue()
-        )
+        self._lock = threading.RLock()  # flush() may run in a signal handler
+        self._idle = threading.Condition(self._lock)
+        self._q: collections.deque[tuple[str, Any]] = collections.deque()
         self._thread: threading.Thread | None = None
         self._rfd = self._wfd = -1
+        self._asleep = False  # True while it waits without a deadline
+        self._pending = 0  # collector launches not done yet
+        self._flushing = False
+        self._evict: weakref.WeakSet[LocalScheduler] = weakref.WeakSet()
 
-    def add(self, proc: subprocess.Popen[bytes], app_dir: str | None = None, g: int = -1) -> None:
-        self._new.put((proc, app_dir, g))
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._rfd, self._wfd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-                self._thread = threading.Thread(
-                    target=self._run, name="shipyard-local-reaper", daemon=True
-                )
-                self._thread.start()
-            wfd = self._wfd
+    # -- called by submitting threads --------------------------------------------------------
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        self._q.append(item)
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._rfd, self._wfd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                    self._thread = threading.Thread(
+                        target=self._run, name="shipyard-local", daemon=True
+                    )
+                    self._thread.start()
+                    return
+        if self._asleep:  # read after the append: see _run for why no wake-up is lost
+            self._wake()
+
+    def _wake(self) -> None:
         try:
-            os.write(wfd, b"x")
+            os.write(self._wfd, b"x")
         except OSError:
             pass
+
+    def watch(self, proc: subprocess.Popen[bytes], app_dir: str | None = None, g: int = -1) -> None:
+        """Reaps ``proc`` when it exits (recording replica ``g``'s exit code if it must)."""
+        self._put(("watch", (proc, app_dir, g)))
+
+    def launch(self, app_dir: str, grace: float, sched: LocalScheduler | None = None) -> None:
+        """Sees to the log collection of a just submitted app."""
+        with self._lock:
+            self._pending += 1
+            if sched is not None:
+                self._evict.add(sched)
+        self._put(("launch", (time.monotonic() + _COLLECTOR_DELAY, app_dir, grace)))
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Starts every queued log collection now and waits for that (called at exit)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if not self._pending:
+                return
+            self._flushing = True
+            self._wake()
+            try:
+                while self._pending and time.monotonic() < deadline:
+                    self._idle.wait(0.05)
+            finally:
+                self._flushing = False
+
+    # -- the thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
         import select
 
         poller = select.poll()
         poller.register(self._rfd, select.POLLIN)
-        by_fd: dict[int, int] = {}
-        use_pidfd = hasattr(os, "pidfd_open")
+        procs: dict[int, tuple[subprocess.Popen[bytes], str | None, int]] = {}  # by pidfd
+        unwatched: list[tuple[subprocess.Popen[bytes], str | None, int]] = []  # no pidfd
+        launches: collections.deque[tuple[float, str, float]] = collections.deque()
+        active_until = time.monotonic() + _WARM
         while True:
-            while True:
-                try:
-                    proc, app_dir, g = self._new.get_nowait()
-                except queue.Empty:
-                    break
-                self._procs[proc.pid] = (proc, app_dir, g)
-                if use_pidfd:
+            while self._q:
+                kind, item = self._q.popleft()
+                if kind == "watch":
                     try:
-                        pfd = os.pidfd_open(proc.pid)
-                    except OSError:
-                        use_pidfd = False
+                        fd = os.pidfd_open(item[0].pid)
+                    except (OSError, AttributeError):
+                        unwatched.append(item)
                     else:
-                        by_fd[pfd] = proc.pid
-                        poller.register(pfd, select.POLLIN)
-            timeout = None if use_pidfd else 50
-            if not self._procs:
+                        procs[fd] = item
+                        poller.register(fd, select.POLLIN)
+                else:
+                    launches.append(item)
+            now = time.monotonic()
+            while launches and (launches[0][0] <= now or self._flushing):
+                _, app_dir, grace = launches.popleft()
+                try:
+                    _start_collection(app_dir, grace)
+                except Exception:
+                    log.warning("could not collect the logs of %s", app_dir, exc_info=True)
+                finally:
+                    with self._lock:
+                        self._pending -= 1
+                        self._idle.notify_all()
+                now = time.monotonic()
+            if unwatched:
+                unwatched = [item for item in unwatched if not _reaped(item)]
+            if launches or procs or unwatched:
+                active_until = now + _WARM
+            if len(self._evict) and not launches:
+                self._run_evictions()
+            # sleep: until the next launch, a tick while warm, or until woken
+            timeout: float | None
+            if launches:
+                timeout = max(0.0, launches[0][0] - now)
+            elif unwatched or len(self._evict):
+                timeout = _TICK * 4
+            elif now < active_until:
+                timeout = _TICK
+            else:
                 timeout = None
+            if timeout is None:
+                self._asleep = True
+                if self._q:  # appended before the flag was set: do not sleep on it
+                    self._asleep = False
+                    continue
             try:
-                events = poller.poll(timeout)
+                events = poller.poll(None if timeout is None else timeout * 1000)
             except InterruptedError:
-                continue
+                events = []
+            self._asleep = False
             for fd, _ in events:
                 if fd == self._rfd:
                     try:
@@ -378,86 +456,11 @@ class _Reaper:
                     except OSError:
                         pass
                     continue
-                pid = by_fd.pop(fd, None)
+                item = procs.pop(fd, None)
                 poller.unregister(fd)
                 os.close(fd)
-                if pid is not None:
-                    self._reap(pid)
-            if not use_pidfd:
-                for pid in list(self._procs):
-                    self._reap(pid)
-
-    def _reap(self, pid: int) -> None:
-        item = self._procs.get(pid)
-        if item is None:
-            return
-        proc, app_dir, g = item
-        code = proc.poll()
-        if code is None:
-            return
-        del self._procs[pid]
-        if app_dir is not None and code < 0:
-            rt.record_exit(app_dir, g, code)
-
-    def after_fork(self) -> None:
-        self.__init__()  # type: ignore[misc]
-
-
-_REAPER = _Reaper()
-
-
-class _Launcher:
-    """Starts the per-app log collectors off the submit path, and evicts old finished apps
-    when idle (one background thread).
-
-    A collector is started :data:`_COLLECTOR_DELAY` seconds after submit; an app that has
-    already ended by then has its logs collected right here instead, so short apps never pay
-    for starting an interpreter.
-    """
-
-    def __init__(self) -> None:
-        self._q: queue.SimpleQueue[tuple[float, str, float]] = queue.SimpleQueue()
-        self._lock = threading.RLock()  # flush() may run in a signal handler
-        self._thread: threading.Thread | None = None
-        self._pending = 0
-        self._flushing = False
-        self._idle = threading.Condition(self._lock)
-        self._evict: weakref.WeakSet[LocalScheduler] = weakref.WeakSet()
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(
-                target=self._run, name="shipyard-local-launcher", daemon=True
-            )
-            self._thread.start()
-
-    def submit(self, app_dir: str, grace: float, sched: LocalScheduler | None = None) -> None:
-        with self._lock:
-            self._pending += 1
-            if sched is not None:
-                self._evict.add(sched)
-            self._ensure_thread()
-        self._q.put((time.monotonic() + _COLLECTOR_DELAY, app_dir, grace))
-
-    def _run(self) -> None:
-        while True:
-            try:
-                due, app_dir, grace = self._q.get(timeout=0.2 if len(self._evict) else None)
-            except queue.Empty:
-                self._run_evictions()
-                continue
-            try:
-                wait = due - time.monotonic()
-                if wait > 0 and not self._flushing:
-                    with self._lock:
-                        self._idle.wait_for(lambda: self._flushing, wait)
-                _start_collection(app_dir, grace)
-            except Exception:
-                log.warning("could not start the log collector of %s", app_dir, exc_info=True)
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    self._idle.notify_all()
+                if item is not None:
+                    _reaped(item)
 
     def _run_evictions(self) -> None:
         with self._lock:
@@ -468,20 +471,24 @@ class _Launcher:
                 with self._lock:  # some apps could not go yet: try again later
                     self._evict.add(sched)
 
-    def flush(self, timeout: float = 10.0) -> None:
-        """Starts every queued collector now and waits for that (called at exit)."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            self._flushing = True
-            self._idle.notify_all()
-            try:
-                while self._pending and time.monotonic() < deadline:
-                    self._idle.wait(0.05)
-            finally:
-                self._flushing = False
-
     def after_fork(self) -> None:
         self.__init__()  # type: ignore[misc]
+
+
+def _reaped(item: tuple[subprocess.Popen[bytes], str | None, int]) -> bool:
+    """Reaps an exited child; records the exit code of a wrapper killed by a signal."""
+    proc, app_dir, g = item
+    code = proc.poll()
+    if code is None:
+        return False
+    if app_dir is not None and code < 0:
+        rt.record_exit(app_dir, g, code)
+    return True
+
+
+_BG = _Background()
+atexit.register(_BG.flush)
+os.register_at_fork(after_in_child=_BG.after_fork)
 
 
 def _start_collection(app_dir: str, grace: float) -> None:
@@ -499,18 +506,6 @@ def _start_collection(app_dir: str, grace: float) -> None:
         rt.collect(app_dir, grace, follow=False)  # (False: another collector is on it)
         return
     spawn_collector(app_dir, grace)
-
-
-_LAUNCHER = _Launcher()
-atexit.register(_LAUNCHER.flush)
-
-
-def _after_fork() -> None:
-    _REAPER.after_fork()
-    _LAUNCHER.after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 _COLLECTORS: dict[str, subprocess.Popen[bytes]] = {}
@@ -547,13 +542,13 @@ def spawn_collector(app_dir: str, grace: float = DEFAULT_GRACE) -> None:
     _COLLECTORS[app_dir] = proc
     for done in [d for d, p in _COLLECTORS.items() if p.returncode is not None]:
         _COLLECTORS.pop(done, None)
-    _REAPER.add(proc)
+    _BG.watch(proc)
 
 
 def _finish_collector(app_dir: str, timeout: float = 5.0) -> None:
     """Makes sure the logs of an ended app are collected and its collector (if this process
     started one) has exited, so that nothing this process started outlives it."""
-    _LAUNCHER.flush(timeout)
+    _BG.flush(timeout)
     proc = _COLLECTORS.get(app_dir)
     if proc is None:
         rt.collect(app_dir, follow=False)
@@ -924,13 +919,13 @@ class LocalScheduler(Scheduler[PopenRequest]):
             partial = {"replicas": [{"pid": p, "t": t} for p, t in started]}
             rt.terminate(app_dir, partial, grace=self._grace)
             for proc in procs:
-                _REAPER.add(proc)
+                _BG.watch(proc)
             with self._lock:
                 self._inflight.pop(app_id, None)
             shutil.rmtree(app_dir, ignore_errors=True)
             raise
         for g, proc in enumerate(procs):
-            _REAPER.add(proc, app_dir, g)
+            _BG.watch(proc, app_dir, g)
         key = request.metadata.get(IDEMPOTENCY_KEY)
         if key:
             _write_key(key, app_id)
@@ -939,7 +934,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             self._launched[app_id] = app_dir
             self._own[app_id] = app_dir
             self._remember(app_id, summary)
-        _LAUNCHER.submit(app_dir, self._grace, self)
+        _BG.launch(app_dir, self._grace, self)
         return app_id
 
     # -- state -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from core.schedulers import get_scheduler_factories
+from core.schedulers._local_runtime import collector_alive
 from core.schedulers.api import IDEMPOTENCY_KEY, Stream
 from core.schedulers.local_scheduler import (
     CWDImageProvider,
@@ -369,9 +370,17 @@ def test_list_and_idempotency_key(sched: LocalScheduler) -> None:
 # -------------------------------------------------------------------------------- logs
 
 
-def test_streams_and_whitespace(sched: LocalScheduler) -> None:
-    script = r"printf 'out1\n'; sleep 0.2; printf '  err1 \t\n' >&2; sleep 0.2; printf 'a\rb\n'; printf 'tail-no-newline'"
+def test_streams_and_whitespace(sched: LocalScheduler, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    script = (
+        f"while [ ! -e {go} ]; do sleep 0.01; done;"
+        r" printf 'out1\n'; sleep 0.2; printf '  err1 \t\n' >&2; sleep 0.2; printf 'a\rb\n';"
+        r" printf 'tail-no-newline'"
+    )
     app_id = sched.submit(AppDef("streams", [sh(script)]), {})
+    # combined.log has the arrival order of what its collector saw arrive: wait for it to run
+    wait_for(lambda: collector_alive(os.path.join(state_dir(), app_id)), what="collector")
+    go.touch()
     assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
     assert list(sched.log_iter(app_id, "r", 0, streams=Stream.STDOUT)) == [
         "out1\n",
