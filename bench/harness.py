@@ -86,6 +86,7 @@ class Row:
     raw_name: str = ""
     status: str = "PENDING"  # PASS, MISS, SKIP, ERROR, INFO
     note: str = ""
+    load: float | None = None  # 1-minute load average when the row started
     samples: dict[str, list[float]] = field(default_factory=dict)
 
     @property
@@ -141,6 +142,7 @@ class Section:
     def measure(self, row: Row, fn: Callable[[Row], None]) -> Row:
         """Runs ``fn(row)`` (which fills the row); a crash marks the row ERROR, not the run."""
         t0 = time.monotonic()
+        row.load = round(os.getloadavg()[0], 2)
         try:
             fn(row)
         except SkipRow as e:
@@ -155,7 +157,7 @@ class Section:
             took = time.monotonic() - t0
             print(
                 f"  [{row.status:5}] {row.name}: {row.fmt(row.shipyard)} vs {row.fmt(row.raw)}"
-                f" ({took:.1f}s){'  ' + row.note if row.note else ''}",
+                f" ({took:.1f}s, load {row.load}){'  ' + row.note if row.note else ''}",
                 file=sys.stderr,
                 flush=True,
             )
