@@ -102,6 +102,46 @@ def mem_raw(n: int) -> dict[str, int]:
     return _rss()
 
 
+def airflow_triggers(handles_file: str, seconds: float) -> dict[str, int]:
+    """One ShipyardJobTrigger per handle in one event loop (as in a triggerer), for ``seconds``;
+    returns how many batched status polls they made."""
+    import asyncio
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="shipyard-bench-airflow-")
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": home,
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        }
+    )
+    from airflow_provider.triggers import ShipyardJobTrigger, _StatusPoller
+
+    with open(handles_file) as f:
+        handles = f.read().split()
+
+    async def run() -> dict[str, int]:
+        triggers = [ShipyardJobTrigger(h, poll_interval=0.5) for h in handles]
+
+        async def drive(t: ShipyardJobTrigger) -> object:
+            async for event in t.run():
+                return event
+            return None
+
+        tasks = [asyncio.create_task(drive(t)) for t in triggers]
+        await asyncio.sleep(seconds)
+        poller = _StatusPoller.for_running_loop()
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        events = [r for r in results if not isinstance(r, BaseException)]
+        await asyncio.sleep(0.5)  # a poll still in its thread ends
+        return {"triggers": len(triggers), "polls": poller.batches, "events": len(events)}
+
+    return asyncio.run(run())
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "local-describe":
@@ -110,6 +150,8 @@ def main(argv: list[str]) -> int:
         res = mem_shipyard(int(argv[1]))
     elif cmd == "mem-raw":
         res = mem_raw(int(argv[1]))
+    elif cmd == "airflow-triggers":
+        res = airflow_triggers(argv[1], float(argv[2]))
     else:
         print(f"unknown command {cmd!r}", file=sys.stderr)
         return 2

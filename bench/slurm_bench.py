@@ -8,6 +8,7 @@ a file, then execs the real command), so the count is what actually reached the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -273,7 +274,7 @@ def _run(ctx: Ctx, sec: Section) -> None:
                         st = runner.status_many(handles)
                         assert all(s is not None and s.state == AppState.PENDING
                                    for s in st.values()), st  # fmt: skip
-                row.shipyard = sum(c.values()) / polls
+                row.shipyard = sum(c[k] for k in ("squeue", "sacct", "scontrol")) / polls
                 row.raw = 1.0
                 row.note = f"{polls} polls: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
 
@@ -281,6 +282,36 @@ def _run(ctx: Ctx, sec: Section) -> None:
                 sec.row(f"describe {N_HANDLES} active handles at once: CLI calls per poll",
                         exactly(1, "call"), "calls", raw_name="1 squeue"),
                 calls,
+            )  # fmt: skip
+
+            def triggers(row: Row) -> None:
+                try:
+                    import airflow  # noqa: F401
+                except ImportError:
+                    raise SkipRow("apache-airflow is not installed") from None
+                handles_file = os.path.join(ctx.tmp, "handles.txt")
+                with open(handles_file, "w") as f:
+                    f.write("\n".join(handles))
+                with counter.counting() as c:
+                    p = subprocess.run(
+                        [ctx.python, "-m", "bench._worker", "airflow-triggers", handles_file, "3"],
+                        capture_output=True, text=True, timeout=300, check=False,
+                    )  # fmt: skip
+                if p.returncode != 0:
+                    raise RuntimeError(f"trigger worker failed: {p.stderr.strip()[-300:]}")
+                res = json.loads(p.stdout)
+                if res["events"] or not res["polls"]:
+                    raise RuntimeError(f"unexpected trigger run: {res}")
+                row.shipyard = sum(c[k] for k in ("squeue", "sacct", "scontrol")) / res["polls"]
+                row.raw = 1.0
+                row.note = f"{res['triggers']} triggers, {res['polls']} poll ticks: " + ", ".join(
+                    f"{k} {v}" for k, v in sorted(c.items())
+                )
+
+            sec.measure(
+                sec.row(f"{N_HANDLES} Airflow triggers on {N_HANDLES} jobs: CLI calls per tick",
+                        exactly(1, "call"), "calls", raw_name="1 squeue"),
+                triggers,
             )  # fmt: skip
 
             def timing(row: Row) -> None:
