@@ -720,29 +720,37 @@ class _ReplicaLogs:
         self.comb_off += len(data)
 
     def poll(self, now: float, final: bool = False) -> bool:
-        """Moves new whole lines into combined.log; True if anything arrived."""
-        out = self.out.read()
-        err = self.err.read()
+        """Moves new whole lines into combined.log; True if anything arrived.
+
+        With ``final`` (the replica ended) it drains both files to their end and then adds the
+        partial last lines, each on a line of its own.
+        """
+        moved = self._move(self.out.read(), self.err.read())
         if final:
-            # the writer is gone: flush partial last lines (each kept on a line of its own)
+            while self._move(self.out.read(), self.err.read()):
+                pass
             o_rest, e_rest = self.out.rest(), self.err.rest()
             if o_rest and e_rest:
                 o_rest += b"\n"
-            out += o_rest
-            err += e_rest
-        if out or err:
-            if out and err and self.err.mtime() < self.out.mtime():
-                self._write(err)
-                self._write(out)
-            else:
-                if out:
-                    self._write(out)
-                if err:
-                    self._write(err)
-            self.pending = True
+            moved = self._move(o_rest, e_rest) or moved
         if self.pending and (final or now - self.last_index >= _INDEX_EVERY):
             self.write_index(now)
-        return bool(out or err)
+        return moved
+
+    def _move(self, out: bytes, err: bytes) -> bool:
+        if not out and not err:
+            return False
+        # both arrived since the last look: the stream written last goes last
+        if out and err and self.err.mtime() < self.out.mtime():
+            self._write(err)
+            self._write(out)
+        else:
+            if out:
+                self._write(out)
+            if err:
+                self._write(err)
+        self.pending = True
+        return True
 
     def write_index(self, now: float) -> None:
         line = f"{now:.6f} {self.out.off} {self.err.off} {self.comb_off}\n".encode()

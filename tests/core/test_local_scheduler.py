@@ -595,3 +595,22 @@ def test_macros_are_substituted_like_macros_values_apply(sched: LocalScheduler) 
         assert param.args[1:] == want.args
         assert {key: param.env[key] for key in env} == want.env
     assert app.roles[0].args == args  # the app itself is untouched
+
+
+def test_fast_large_output_is_collected_whole(sched: LocalScheduler, tmp_path: Path) -> None:
+    # ~14 MB written in one burst (more than one read of the collector), multi-byte characters
+    # and lines longer than the read buffer, so that boundaries fall inside lines and characters
+    words = ["alpha", "λambda", "✓ ok", "épsilon", "loss=0.125"]
+    lines = [
+        f"{i:06d} " + " ".join(words[(i + j) % 5] for j in range(i % 40)) + "\n"
+        for i in range(150_000)
+    ]
+    lines[1000] = "long " + "é" * (3 << 20) + "\n"  # a 6 MB line
+    src = tmp_path / "big.txt"
+    src.write_text("".join(lines), encoding="utf-8")
+    app_id = sched.submit(AppDef("burst", [Role("r", entrypoint="cat", args=[str(src)])]), {})
+    assert list(sched.log_iter(app_id, "r", 0, should_tail=True)) == lines
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    for stream in (Stream.COMBINED, Stream.STDOUT):
+        assert list(sched.log_iter(app_id, "r", 0, streams=stream)) == lines, stream
+    assert list(sched.log_iter(app_id, "r", 0, regex="^long ")) == [lines[1000]]
