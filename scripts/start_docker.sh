@@ -36,10 +36,18 @@ fi
 # Registries on loopback are insecure (plain http) by default in dockerd; say it explicitly so
 # that a registry address other than 127.0.0.1 still works.
 mkdir -p /etc/docker
-if [ ! -s /etc/docker/daemon.json ]; then
-    printf '{\n  "insecure-registries": ["%s"]\n}\n' "$REGISTRY_ADDR" >/etc/docker/daemon.json
-elif ! grep -q "$REGISTRY_ADDR" /etc/docker/daemon.json; then
-    log "note: /etc/docker/daemon.json exists and does not list $REGISTRY_ADDR (left unchanged)"
+# Every multi-replica app gets a network of its own: Docker's default address pools hold only ~30
+# networks, so give the engine 256 /24 networks from a range of its own.
+DAEMON_JSON=$(printf '{\n  "insecure-registries": ["%s"],\n  "default-address-pools": [{"base": "10.210.0.0/16", "size": 24}]\n}\n' "$REGISTRY_ADDR")
+OLD_DAEMON_JSON=$(printf '{\n  "insecure-registries": ["%s"]\n}\n' "$REGISTRY_ADDR")
+daemon_json_changed=0
+if [ ! -s /etc/docker/daemon.json ] || [ "$(cat /etc/docker/daemon.json)" = "$OLD_DAEMON_JSON" ]; then
+    if [ "$(cat /etc/docker/daemon.json 2>/dev/null)" != "$DAEMON_JSON" ]; then
+        printf '%s\n' "$DAEMON_JSON" >/etc/docker/daemon.json
+        daemon_json_changed=1
+    fi
+elif [ "$(cat /etc/docker/daemon.json)" != "$DAEMON_JSON" ]; then
+    log "note: /etc/docker/daemon.json is not shipyard's (left unchanged); apps need insecure-registries $REGISTRY_ADDR and enough default-address-pools"
 fi
 
 docker_up() { docker info >/dev/null 2>&1; }
@@ -52,8 +60,8 @@ start_dockerd() {
 
 # An engine whose default bridge (docker0) has vanished cannot start containers on the default
 # network; restarting dockerd recreates it.
-if docker_up && [ ! -e /sys/class/net/docker0 ]; then
-    log "the docker0 bridge is missing: restarting dockerd"
+if docker_up && { [ ! -e /sys/class/net/docker0 ] || [ "$daemon_json_changed" = 1 ]; }; then
+    log "the docker0 bridge is missing or daemon.json changed: restarting dockerd"
     if command -v systemctl >/dev/null && systemctl is-active --quiet docker 2>/dev/null; then
         systemctl restart docker
     else
