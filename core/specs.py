@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import re
-import string
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import IntEnum, StrEnum
@@ -163,6 +162,9 @@ def resource(
 # --------------------------------------------------------------------------------------------
 
 
+_MACRO_RE = re.compile(r"\$\{(img_root|base_img_root|app_id|replica_id|rank0_env)\}")
+
+
 class macros:  # noqa: N801 - name fixed by the specification
     """Placeholders substituted into a role's args and env at launch time.
 
@@ -196,8 +198,13 @@ class macros:  # noqa: N801 - name fixed by the specification
             return role
 
         def substitute(self, arg: str) -> str:
-            """Substitutes the macros in one string; unknown ``${...}`` are left as they are."""
-            return string.Template(arg).safe_substitute(**asdict(self))
+            """Substitutes the macros in one string.
+
+            Only ``${name}`` of a known macro is replaced: ``$$``, ``$VAR`` and unknown ``${...}``
+            reach the program as written (they often mean something to a shell).
+            """
+            values = asdict(self)
+            return _MACRO_RE.sub(lambda m: str(values[m.group(1)]), arg)
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,6 +79,8 @@ def test_macros_substitute_args_and_env() -> None:
     assert out.env["ROOT"] == "/img"
     assert out.env["MASTER"] == "MASTER_ADDR"
     assert role.args[0] == macros.app_id, "apply must not modify the original role"
+    # shell syntax is not a macro: $$, $VAR and ${VAR} reach the program as written
+    assert values.substitute("echo $$ $HOME ${HOME} $${app_id}") == "echo $$ $HOME ${HOME} $a-1"
 
 
 def test_parse_mounts_all_kinds() -> None:
