@@ -566,7 +566,14 @@ def terminate(
     if left:
         killed = signal_groups([leaders[g] for g in left], signal.SIGKILL)
         _record_killed(app_dir, summary, killed)
-    if scan or not groups_empty(targets):
+    if not scan:
+        # the groups empty as their zombie wrappers are reaped; only members that linger
+        # (or wrappers nobody reaps) call for a look at every process
+        deadline = time.monotonic() + 0.05
+        while not groups_empty(targets) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        scan = not groups_empty(targets)
+    if scan:
         app_id = summary.get("app_id") or os.path.basename(app_dir)
         reap_replicas(app_id, chosen, grace)
 
