@@ -20,7 +20,10 @@ def main() -> int:
             Role(
                 name="worker",
                 entrypoint="sh",
-                args=["-c", f"echo worker {macros.replica_id} says hi; echo done {macros.replica_id}"],
+                args=[
+                    "-c",
+                    f"echo worker {macros.replica_id} says hi; echo done {macros.replica_id}",
+                ],
                 num_replicas=3,
             ),
             Role(name="reporter", entrypoint="echo", args=["report for", macros.app_id]),
