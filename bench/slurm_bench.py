@@ -285,10 +285,10 @@ def _run(ctx: Ctx, sec: Section) -> None:
             )  # fmt: skip
 
             def triggers(row: Row) -> None:
-                try:
-                    import airflow  # noqa: F401
-                except ImportError:
-                    raise SkipRow("apache-airflow is not installed") from None
+                import importlib.util
+
+                if importlib.util.find_spec("airflow") is None:  # (importing it sets up logging)
+                    raise SkipRow("apache-airflow is not installed")
                 handles_file = os.path.join(ctx.tmp, "handles.txt")
                 with open(handles_file, "w") as f:
                     f.write("\n".join(handles))
