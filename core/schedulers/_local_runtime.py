@@ -397,25 +397,25 @@ def observe(
     obs.cancelled = CANCELLED in names
     obs.gang = GANG in names
     replicas = summary["replicas"]
-    codes: list[int | str | None] = [
-        read_exit(app_dir, g) if f"{EXIT_PREFIX}{g}" in names else None
-        for g in range(len(replicas))
-    ]
-    pending = [g for g, c in enumerate(codes) if c is None]
-    if pending:
-        if alive is None:
-            states = [
-                is_alive(int(replicas[g]["pid"]), float(replicas[g].get("t") or 0)) for g in pending
-            ]
-        else:
-            states = alive(pending)
-        for g, running in zip(pending, states, strict=True):
-            if running:
-                obs.running.append(g)
-                continue
-            # the wrapper may have written its code after the listdir above
-            code = read_exit(app_dir, g)
-            codes[g] = LOST if code is None else code
+    every = list(range(len(replicas)))
+    # a running wrapper has not written its code (its exit file exists, empty, while it runs):
+    # only the exit files of the wrappers that ended are read
+    if alive is None:
+        states = [
+            is_alive(int(replicas[g]["pid"]), float(replicas[g].get("t") or 0)) for g in every
+        ]
+    else:
+        states = alive(every)
+    codes: list[int | str | None] = []
+    for g, running in enumerate(states):
+        if running:
+            obs.running.append(g)
+            codes.append(None)
+            continue
+        code = read_exit(app_dir, g) if f"{EXIT_PREFIX}{g}" in names else None
+        if code is None:
+            code = read_exit(app_dir, g)  # written after the listdir above?
+        codes.append(LOST if code is None else code)
     obs.codes = codes
     return obs
 
@@ -811,6 +811,12 @@ def collect(app_dir: str, grace: float = DEFAULT_GRACE, follow: bool = True) -> 
     gone after the app ended). Returns False if another collector holds the lock.
     """
     lock_fd = acquire_collector_lock(app_dir)
+    if lock_fd is None and follow:
+        # held by a probe (collector_alive) for an instant, or by another collector for good
+        deadline = time.monotonic() + 2.0
+        while lock_fd is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            lock_fd = acquire_collector_lock(app_dir)
     if lock_fd is None:
         return False
     try:
@@ -826,6 +832,7 @@ def collect(app_dir: str, grace: float = DEFAULT_GRACE, follow: bool = True) -> 
 
 
 _OBSERVE_EVERY = 0.25
+_REAP_BATCH = 0.25  # seconds a replica that ended waits for others before the leftover scan
 
 
 def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) -> None:
@@ -841,6 +848,8 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
     tick = _TICK_MIN
     last_observe = 0.0
     wake = True
+    ending: list[_ReplicaLogs] = []  # ended, not yet drained
+    first_end = 0.0
     try:
         while True:
             now = time.time()
@@ -860,15 +869,22 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
                     enforce(app_dir, summary, obs, grace)
                     ended = {g for g, c in enumerate(obs.codes) if c is not None}
                 newly = [rl for rl in logs if rl.g in ended and not rl.exited]
-                if newly:
-                    for rl in newly:
-                        rl.exited = True
-                    # whatever a finished replica left running goes too
-                    reap_replicas(summary["app_id"], [rl.g for rl in newly], grace)
-                    for rl in newly:
-                        rl.poll(time.time(), final=True)
-                        rl.finished = True
-                        rl.close()
+                for rl in newly:
+                    rl.exited = True
+                    if not ending:
+                        first_end = now
+                    ending.append(rl)
+            if ending and (
+                all(rl.exited for rl in logs) or now - first_end >= _REAP_BATCH or not follow
+            ):
+                # whatever the ended replicas left running goes too (one look at every process
+                # for the replicas that ended about together), then their logs are drained
+                reap_replicas(summary["app_id"], [rl.g for rl in ending], grace)
+                for rl in ending:
+                    rl.poll(time.time(), final=True)
+                    rl.finished = True
+                    rl.close()
+                ending = []
                 if all(rl.finished for rl in logs):
                     create_exclusive(os.path.join(app_dir, LOGS_DONE), f"{time.time()}\n")
                     return

@@ -80,6 +80,7 @@ from core.specs import (
     Role,
     RoleStatus,
     is_terminal,
+    macros,
     runopts,
 )
 
@@ -110,13 +111,14 @@ DEFAULT_GRACE = rt.DEFAULT_GRACE
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
 
 # The replica's wrapper: ``sh -c _WRAPPER EXIT_FILE STDOUT_LOG STDERR_LOG CMD ARGS...``.
-# It opens the log files itself (so the submit path creates no files), records the exit code of
-# the command; trapping TERM/INT/HUP keeps it alive to do so while the command gets the default
+# It opens the log files itself (so the submit path creates no files) and the exit file (kept
+# open on fd 4: writing the code at the end creates nothing), and records the exit code of the
+# command; trapping TERM/INT/HUP keeps it alive to do so while the command gets the default
 # dispositions (traps are reset on exec). The shell's own stderr goes to /dev/null so that its
 # "Terminated" notices never reach the replica's log.
 _WRAPPER = (
-    'trap : TERM INT HUP; exec >>"$1" 2>>"$2" 3>&2 2>/dev/null; shift 2;'
-    ' (exec "$@" 2>&3 3>&-); echo $? > "$0"'
+    'trap : TERM INT HUP; exec >>"$1" 2>>"$2" 3>&2 2>/dev/null 4>>"$0"; shift 2;'
+    ' (exec "$@" 2>&3 3>&- 4>&-); echo $? >&4'
 )
 _SH = "/bin/sh"
 
@@ -662,6 +664,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._cancel_locks: dict[str, threading.RLock] = {}
         self._fd_lock = threading.RLock()
         self._pidfds: dict[tuple[str, int], int] = {}
+        self._exited: set[tuple[str, int]] = set()  # wrappers known to have ended
         self._devnull = -1
         self._closed = False
         _SIGNALS.register(self)
@@ -1013,6 +1016,9 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 fds: dict[int, int] = {}
                 for g in replicas:
                     key = (app_id, g)
+                    if key in self._exited:
+                        out[g] = False
+                        continue
                     fd = self._pidfds.get(key)
                     if fd is None:
                         pid, spawned = int(reps[g]["pid"]), float(reps[g].get("t") or 0)
@@ -1023,6 +1029,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                             fd = os.pidfd_open(pid)
                         except ProcessLookupError:
                             out[g] = False
+                            self._exited.add(key)
                             continue
                         except OSError:
                             out[g] = rt.is_alive(pid, spawned)
@@ -1030,6 +1037,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                         if not rt.is_alive(pid, spawned):
                             os.close(fd)
                             out[g] = False
+                            self._exited.add(key)
                             continue
                         self._pidfds[key] = fd
                     fds[fd] = g
@@ -1042,6 +1050,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                         g = fds[fd]
                         out[g] = False  # exited
                         del self._pidfds[(app_id, g)]
+                        self._exited.add((app_id, g))
                         os.close(fd)
             return [out[g] for g in replicas]
 
@@ -1051,6 +1060,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         with self._fd_lock:
             for key in [k for k in self._pidfds if k[0] == app_id]:
                 os.close(self._pidfds.pop(key))
+            self._exited = {k for k in self._exited if k[0] != app_id}
 
     def exists(self, app_id: str) -> bool:
         """True if an app with this id is in the state directory."""
@@ -1272,17 +1282,12 @@ class LocalScheduler(Scheduler[PopenRequest]):
 
 def _apply_macros(role: Role, img_root: str, app_id: str, k: int) -> Role:
     """What ``macros.Values(...).apply(role)`` gives, without deep-copying the role for every
-    replica: a shallow copy with the macros substituted in args and env."""
-    values = {
-        "img_root": img_root,
-        "app_id": app_id,
-        "replica_id": str(k),
-        "rank0_env": RANK0_ENV,
-        "base_img_root": NONE,
-    }
+    replica: a shallow copy with the macros substituted (by ``Values.substitute`` itself) in
+    args and env."""
+    values = macros.Values(img_root=img_root, app_id=app_id, replica_id=str(k), rank0_env=RANK0_ENV)
 
     def sub(text: str) -> str:
-        return string.Template(text).safe_substitute(values) if "$" in text else text
+        return values.substitute(text) if "$" in text else text
 
     return dataclasses.replace(
         role,
