@@ -56,6 +56,10 @@ def _app(name: str, args: list[str], n: int = 1, mounts: list[Any] | None = None
     )  # fmt: skip
 
 
+def _state(desc: Any) -> Any:
+    return None if desc is None else desc.state
+
+
 def _cleanup(api: Any, app_id: str) -> None:
     """Removes every trace of an app at once (SIGKILL): clean-up is not what is measured."""
     flt = {"label": f"{LABEL_APP_ID}={app_id}"}
@@ -102,7 +106,7 @@ def run(ctx: Ctx) -> list[Row]:
     client = docker.from_env()
     api = client.api
     runner = get_runner(SESSION)
-    sched = runner._scheduler("local_docker")
+    sched: Any = runner._scheduler("local_docker")
     cfg: dict[str, Any] = {"stop_timeout": GRACE}
 
     # -- submit ------------------------------------------------------------------------------
@@ -147,7 +151,7 @@ def run(ctx: Ctx) -> list[Row]:
     h = runner.run(_app("bddesc", ["sleep", "600"], 8), "local_docker", cfg)
     app_id = h.rsplit("/", 1)[1]
     try:
-        wait_for(lambda: sched.describe(app_id).state == AppState.RUNNING, 30, "RUNNING")
+        wait_for(lambda: _state(sched.describe(app_id)) == AppState.RUNNING, 30, "RUNNING")
 
         def describe_row(row: Row) -> None:
             def ship_once() -> None:
@@ -196,7 +200,7 @@ def run(ctx: Ctx) -> list[Row]:
         def shipyard() -> float:
             h = runner.run(app, "local_docker", cfg)
             a = h.rsplit("/", 1)[1]
-            wait_for(lambda: sched.describe(a).state == AppState.RUNNING, 30, "RUNNING")
+            wait_for(lambda: _state(sched.describe(a)) == AppState.RUNNING, 30, "RUNNING")
             time.sleep(0.3)  # the trap is set
             t0 = time.perf_counter()
             runner.cancel(h)

@@ -36,6 +36,10 @@ def _app(name: str, entrypoint: str, args: list[str], n: int = 1) -> Any:
     return AppDef(name, [Role("r", entrypoint=entrypoint, args=args, num_replicas=n)])
 
 
+def _state(status: Any) -> Any:
+    return None if status is None else status.state
+
+
 def _app_dir(app_id: str) -> str:
     from core.schedulers import _local_runtime as rt
 
@@ -168,7 +172,7 @@ def run(ctx: Ctx) -> list[Row]:
     def describe_row(row: Row, cold: bool) -> None:
         h = runner.run(_app("bdesc", "sleep", ["60"], 8), "local_cwd")
         try:
-            wait_for(lambda: runner.status(h).state == AppState.RUNNING, 10, "RUNNING")
+            wait_for(lambda: _state(runner.status(h)) == AppState.RUNNING, 10, "RUNNING")
             app_id = h.rsplit("/", 1)[1]
             out = subprocess.run(
                 [ctx.python, "-m", "bench._worker", "local-describe", app_id,
@@ -207,7 +211,7 @@ def run(ctx: Ctx) -> list[Row]:
 
             def shipyard() -> float:
                 h = runner.run(app, "local_cwd")
-                wait_for(lambda: runner.status(h).state == AppState.RUNNING, 10, "RUNNING")
+                wait_for(lambda: _state(runner.status(h)) == AppState.RUNNING, 10, "RUNNING")
                 time.sleep(0.1)  # the wrappers have exec'd their commands
                 t0 = time.perf_counter()
                 runner.cancel(h)
