@@ -24,13 +24,14 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from core.runner import LogLine, Runner
+from core.runner import LogLine, Runner, get_runner
 from core.specs import AppDef, AppHandle, AppState, AppStatus, CfgVal
 
 log = logging.getLogger(__name__)
@@ -179,29 +180,46 @@ def submit(
     ever submits twice.
     """
     if key is None:
-        return runner.run(app, scheduler, cfg, workspace)
+        return _submit_tracked(runner, app, scheduler, cfg, workspace, None, logger)
     for generation in range(MAX_GENERATIONS):
         gkey = _generation_key(key, generation)
         found = runner.find(scheduler, gkey)
         if found is None:
-            try:
-                handle = runner.run(app, scheduler, cfg, workspace, idempotency_key=gkey)
-            except BaseException as e:
-                if not isinstance(e, Exception):
-                    # interrupted while submitting: the job may exist without our knowing its
-                    # handle; find it by key so it is not left behind
-                    _cancel_quietly(runner, runner.find(scheduler, gkey), logger, f"{e!r}")
-                raise
-            logger.info("submitted %s (idempotency key %s)", handle, gkey)
-            return handle
+            return _submit_tracked(runner, app, scheduler, cfg, workspace, gkey, logger)
         status = runner.status(found)
         if status is None or (status.is_terminal() and status.state != AppState.SUCCEEDED):
             state = status.state.name if status else "gone"
             logger.info("earlier attempt's job %s is %s; submitting a new one", found, state)
             continue
+        track(found)
         logger.info("re-attaching to %s (%s, idempotency key %s)", found, status.state.name, gkey)
         return found
     raise RuntimeError(f"idempotency key {key}: {MAX_GENERATIONS} failed jobs, giving up")
+
+
+def _submit_tracked(
+    runner: Runner,
+    app: AppDef,
+    scheduler: str,
+    cfg: Mapping[str, CfgVal] | None,
+    workspace: str | None,
+    key: str | None,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> AppHandle:
+    """Submits and tracks the job; interrupted on the way (SIGTERM, a timeout), cancels it."""
+    handle: AppHandle | None = None
+    try:
+        handle = runner.run(app, scheduler, cfg, workspace, idempotency_key=key)
+        track(handle)
+        logger.info("submitted %s (idempotency key %s)", handle, key)
+        return handle
+    except BaseException as e:
+        if is_interrupt(e):
+            # the job may exist without our knowing its handle yet: find it by key
+            if handle is None and key is not None:
+                handle = runner.find(scheduler, key)
+            _cancel_quietly(runner, handle, logger, f"interrupted while submitting: {e!r}")
+        raise
 
 
 def _cancel_quietly(
@@ -226,7 +244,8 @@ def _cancel_quietly(
 # --------------------------------------------------------------------------------------------
 
 _TRACKED: dict[str, set[str]] = {}
-_TRACKED_LOCK = threading.Lock()
+# re-entrant: the SIGTERM guard runs in the main thread, maybe while it holds the lock
+_TRACKED_LOCK = threading.RLock()
 
 
 def current_flow_run_id() -> str | None:
@@ -273,6 +292,101 @@ def cancel_tracked(
     for handle in handles:
         _cancel_quietly(runner, handle, logger, why)
     return handles
+
+
+def cancel_flow_run_jobs(flow: Any, flow_run: Any, state: Any) -> None:
+    """Flow hook: cancels the jobs ``flow_run`` submitted in this process and not yet seen end.
+
+    :func:`guard_flow_run` adds it to ``on_crashed`` and ``on_cancellation`` of every flow that
+    submits a job; add it to ``on_failure`` to cancel the jobs of a failed flow run too. The
+    waiting tasks cancel their own jobs; this covers the jobs not (or not yet) waited on, e.g.
+    when SIGTERM arrives between ``submit_job`` and ``wait_for_job``.
+    """
+    from prefect.logging import get_logger
+
+    with get_runner() as runner:
+        cancel_tracked(
+            runner,
+            str(flow_run.id),
+            get_logger("prefect_tasks"),
+            f"flow run {flow_run.name} is {state.name}",
+        )
+
+
+class _SigtermGuard:
+    """A SIGTERM handler that cancels the unfinished jobs of some flow runs, then passes the
+    signal on to the handler it replaced (Prefect's, which raises ``TerminationSignal``).
+
+    Needed because on a plain SIGTERM Prefect 3.7 tears the process down (it re-sends the signal
+    with the default action once the flow's task runner has shut down) without running the
+    flow's ``on_crashed`` hooks: a job submitted but not yet waited on would be left running.
+    """
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+        self.flow_run_ids: set[str] = set()
+
+    def __call__(self, signum: int, frame: Any) -> Any:
+        handles = [h for fr in sorted(self.flow_run_ids) for h in tracked(fr)]
+        if handles:
+            from prefect.logging import get_logger
+
+            logger = get_logger("prefect_tasks")
+            with get_runner() as runner:
+                for handle in handles:
+                    _cancel_quietly(runner, handle, logger, f"got {signal.Signals(signum).name}")
+        previous = self.previous
+        if callable(previous):
+            return previous(signum, frame)
+        if previous == signal.SIG_IGN:
+            return None
+        # the default action: terminate, as if we had not been here
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return None
+
+
+def _guard_sigterm(flow_run_id: str) -> None:
+    """Puts the current flow run under a :class:`_SigtermGuard` (main thread only).
+
+    Prefect restores its own handler when the flow run ends, which drops the guard with it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        current = signal.getsignal(signal.SIGTERM)
+        if isinstance(current, _SigtermGuard):
+            current.flow_run_ids.add(flow_run_id)
+            return
+        if current is None or current == signal.SIG_IGN:
+            return  # a handler not set from Python, or an ignored signal: leave it alone
+        guard = _SigtermGuard(current)
+        guard.flow_run_ids.add(flow_run_id)
+        signal.signal(signal.SIGTERM, guard)
+    except (ValueError, OSError):  # not the main interpreter
+        return
+
+
+def guard_flow_run() -> None:
+    """Makes sure the running flow cancels its unfinished jobs when it goes away.
+
+    * SIGTERM: a :class:`_SigtermGuard` (when called from the main thread, as a flow script's
+      tasks are, unless started with ``.submit()``; waiting tasks cover the rest).
+    * a crash (Ctrl-C) or a cancellation by its runner or worker: :func:`cancel_flow_run_jobs`
+      is appended to the flow's ``on_crashed`` and ``on_cancellation`` hooks (once; it does
+      nothing for a run without unfinished jobs).
+    """
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    flow_run_id = current_flow_run_id()
+    if flow_run_id is not None:
+        _guard_sigterm(flow_run_id)
+    flow = getattr(ctx, "flow", None)
+    for attr in ("on_crashed_hooks", "on_cancellation_hooks"):
+        hooks = getattr(flow, attr, None)
+        if isinstance(hooks, list) and cancel_flow_run_jobs not in hooks:
+            hooks.append(cancel_flow_run_jobs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,38 +625,142 @@ def is_interrupt(exc: BaseException) -> bool:
     return not isinstance(exc, Exception) and not isinstance(exc, GeneratorExit)
 
 
-class _Poller:
-    """Reads a job's status, tolerating up to :data:`STATUS_ERRORS_TOLERATED` consecutive errors."""
+class StatusHub:
+    """One status poll loop per process for every job a task waits on.
 
-    def __init__(
-        self,
-        runner: Runner,
-        handle: AppHandle,
-        logger: logging.Logger | logging.LoggerAdapter[Any],
-    ) -> None:
-        self.runner = runner
+    Each round reads the status of all watched handles with one ``Runner.status_many`` call (one
+    backend call per scheduler and session where the backend allows it: one ``squeue`` for every
+    Slurm job), so N tasks waiting at once cost one poll per round, not N. Rounds start fast
+    after a new handle is watched and back off to the smallest ``poll_interval`` of the waiters.
+    The loop runs in a daemon thread that ends when nothing is watched.
+    """
+
+    def __init__(self, runner_factory: Callable[[], Runner] | None = None) -> None:
+        self._runner_factory = runner_factory
+        self._cond = threading.Condition()
+        self._watchers: dict[AppHandle, list[float]] = {}
+        self._results: dict[AppHandle, tuple[int, Any]] = {}
+        self._round = 0
+        self._delay = 0.05
+        self._thread: threading.Thread | None = None
+
+    def watch(self, handle: AppHandle, poll_interval: float) -> _Subscription:
+        """Starts watching ``handle``; use the result as a context manager."""
+        with self._cond:
+            self._watchers.setdefault(handle, []).append(poll_interval)
+            self._delay = 0.05
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, daemon=True, name="shipyard-status-hub"
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        return _Subscription(self, handle, poll_interval)
+
+    def _unwatch(self, handle: AppHandle, poll_interval: float) -> None:
+        with self._cond:
+            intervals = self._watchers.get(handle, [])
+            if poll_interval in intervals:
+                intervals.remove(poll_interval)
+            if not intervals:
+                self._watchers.pop(handle, None)
+                self._results.pop(handle, None)
+
+    def next(self, handle: AppHandle, seen: int, timeout: float) -> tuple[int, Any]:
+        """``(round, outcome)`` of the first round after ``seen``, waiting up to ``timeout``
+        seconds; ``(seen, None)`` if there was none. ``outcome`` is an ``AppStatus``, None (the
+        app is unknown) or the exception the poll raised."""
+        with self._cond:
+            result = self._results.get(handle)
+            if result is None or result[0] <= seen:
+                self._cond.wait(timeout)
+                result = self._results.get(handle)
+            if result is None or result[0] <= seen:
+                return seen, None
+            return result
+
+    def _loop(self) -> None:
+        runner = self._runner_factory() if self._runner_factory else None
+        try:
+            while True:
+                with self._cond:
+                    if not self._watchers:
+                        self._cond.wait(5.0)
+                        if not self._watchers:
+                            self._thread = None
+                            return
+                    handles = list(self._watchers)
+                if runner is None:
+                    runner = get_runner()
+                outcome: dict[AppHandle, Any]
+                try:
+                    outcome = dict(runner.status_many(handles))
+                except Exception as e:
+                    outcome = dict.fromkeys(handles, e)
+                with self._cond:
+                    self._round += 1
+                    for handle in handles:
+                        if handle in self._watchers:
+                            self._results[handle] = (self._round, outcome.get(handle))
+                    self._cond.notify_all()
+                    delay = self._delay
+                    fastest = min((min(v) for v in self._watchers.values()), default=delay)
+                    self._delay = min(delay * 2, fastest)
+                    self._cond.wait(delay)
+        except BaseException:  # never leave waiters hanging on a dead loop
+            log.exception("the status poll loop failed")
+            with self._cond:
+                self._thread = None
+            raise
+        finally:
+            if runner is not None:
+                runner.close()
+
+
+class _Subscription:
+    """A waiter's view of :class:`StatusHub` for one handle, tolerating polling errors."""
+
+    def __init__(self, hub: StatusHub, handle: AppHandle, poll_interval: float) -> None:
+        self.hub = hub
         self.handle = handle
-        self.logger = logger
+        self.poll_interval = poll_interval
+        self.seen = 0
         self.errors = 0
 
-    def poll(self) -> tuple[bool, AppStatus | None]:
-        """``(read, status)``: ``read`` is False after a tolerated error."""
-        try:
-            status = self.runner.status(self.handle)
-        except Exception as e:
+    def __enter__(self) -> _Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.hub._unwatch(self.handle, self.poll_interval)
+
+    def next(
+        self, timeout: float, logger: logging.Logger | logging.LoggerAdapter[Any]
+    ) -> tuple[bool, AppStatus | None]:
+        """``(read, status)`` of the next round within ``timeout`` seconds. ``read`` is False
+        when no round came or its poll failed (up to :data:`STATUS_ERRORS_TOLERATED` failures in
+        a row are logged, one more is raised)."""
+        seen, outcome = self.hub.next(self.handle, self.seen, timeout)
+        if seen == self.seen:
+            return False, None  # no new round within the timeout
+        self.seen = seen
+        if isinstance(outcome, BaseException):
             self.errors += 1
             if self.errors > STATUS_ERRORS_TOLERATED:
-                raise
-            self.logger.warning(
+                raise outcome
+            logger.warning(
                 "reading the status of %s failed (%d of %d tolerated): %s",
                 self.handle,
                 self.errors,
                 STATUS_ERRORS_TOLERATED,
-                e,
+                outcome,
             )
             return False, None
         self.errors = 0
-        return True, status
+        return True, outcome
+
+
+#: the process-wide hub every waiting task shares
+HUB = StatusHub()
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -563,6 +781,18 @@ def _timed_out(
     return TimeoutError(msg)
 
 
+def _stop_reason(
+    watch: CancelWatch, deadline: float | None, timeout: float | None
+) -> tuple[str | None, bool]:
+    """``(reason, timed_out)``: why a wait must stop now (local signals and the deadline)."""
+    reason = watch.local_reason()
+    if reason:
+        return reason, False
+    if deadline is not None and time.monotonic() >= deadline:
+        return f"timeout of {timeout}s", True
+    return None, False
+
+
 def wait_sync(
     runner: Runner,
     handle: AppHandle,
@@ -573,7 +803,8 @@ def wait_sync(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     cancel_on_timeout: bool = True,
 ) -> AppStatus | None:
-    """Polls ``handle`` until it is final and returns its status (None if the app is unknown).
+    """Follows ``handle`` (through :data:`HUB`) until it is final; returns its status (None if
+    the app is unknown).
 
     Interrupted (see :func:`is_interrupt`) or told to stop by ``watch``, it cancels the job and
     raises. A few consecutive errors reading the status are tolerated (logged); more propagate
@@ -584,23 +815,21 @@ def wait_sync(
         JobCancelledError: when ``watch`` says the run is going away (the job is cancelled).
     """
     deadline = _deadline(timeout)
-    delay = min(0.05, poll_interval)
-    poller = _Poller(runner, handle, logger)
     try:
-        while True:
-            read, status = poller.poll()
-            if read and (status is None or status.is_terminal()):
-                untrack(handle)
-                return status
-            reason = watch.reason()
-            if reason:
-                _cancel_quietly(runner, handle, logger, reason)
-                raise JobCancelledError(handle, reason)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise _timed_out(runner, handle, timeout, cancel_on_timeout, logger)
-            nap = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            watch.nap(nap)
-            delay = min(delay * 2, poll_interval)
+        with HUB.watch(handle, poll_interval) as sub:
+            while True:
+                read, status = sub.next(_NAP, logger)
+                if read and (status is None or status.is_terminal()):
+                    untrack(handle)
+                    return status
+                reason, timed_out = _stop_reason(watch, deadline, timeout)
+                if timed_out:
+                    raise _timed_out(runner, handle, timeout, cancel_on_timeout, logger)
+                if reason is None and watch.api_due():
+                    reason = watch.api_reason()
+                if reason:
+                    _cancel_quietly(runner, handle, logger, reason)
+                    raise JobCancelledError(handle, reason)
     except BaseException as e:
         if is_interrupt(e):
             _cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
@@ -617,33 +846,26 @@ async def wait_async(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     cancel_on_timeout: bool = True,
 ) -> AppStatus | None:
-    """:func:`wait_sync` for async code: backend calls run in threads, naps are ``asyncio.sleep``.
+    """:func:`wait_sync` for async code: blocking calls run in threads.
 
     Cancellation of the awaiting task (a Prefect timeout, a cancelled flow) cancels the job.
     """
     deadline = _deadline(timeout)
-    delay = min(0.05, poll_interval)
-    poller = _Poller(runner, handle, logger)
     try:
-        while True:
-            read, status = await asyncio.to_thread(poller.poll)
-            if read and (status is None or status.is_terminal()):
-                untrack(handle)
-                return status
-            reason = watch.local_reason()
-            if reason is None and watch.api_due():
-                reason = await asyncio.to_thread(watch.api_reason)
-            if reason:
-                _cancel_quietly(runner, handle, logger, reason)
-                raise JobCancelledError(handle, reason)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise _timed_out(runner, handle, timeout, cancel_on_timeout, logger)
-            end = time.monotonic() + (
-                delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            )
-            while time.monotonic() < end and not watch.local_reason():
-                await asyncio.sleep(min(_NAP, max(0.0, end - time.monotonic())))
-            delay = min(delay * 2, poll_interval)
+        with HUB.watch(handle, poll_interval) as sub:
+            while True:
+                read, status = await asyncio.to_thread(sub.next, _NAP, logger)
+                if read and (status is None or status.is_terminal()):
+                    untrack(handle)
+                    return status
+                reason, timed_out = _stop_reason(watch, deadline, timeout)
+                if timed_out:
+                    raise _timed_out(runner, handle, timeout, cancel_on_timeout, logger)
+                if reason is None and watch.api_due():
+                    reason = await asyncio.to_thread(watch.api_reason)
+                if reason:
+                    _cancel_quietly(runner, handle, logger, reason)
+                    raise JobCancelledError(handle, reason)
     except BaseException as e:
         if is_interrupt(e):
             # blocking on purpose: the cancel must be sent before the task is torn down

@@ -6,12 +6,13 @@
     result = run_job("app.yaml", scheduler="local_cwd")
     print(result.handle, result.status.state)
 
-The hook :func:`cancel_flow_run_jobs` cancels the jobs a flow run submitted (in this process) that
-are not known to have ended; ``run_job`` uses it on failure, cancellation and crash, and a flow
-that submits jobs itself can too::
+Every flow that calls ``submit_job`` gets the hook :func:`cancel_flow_run_jobs` added to its
+``on_crashed`` and ``on_cancellation`` hooks: it cancels the jobs the flow run submitted (in this
+process) that are not known to have ended, so SIGTERM between ``submit_job`` and ``wait_for_job``
+leaves nothing behind. ``run_job`` also uses it on failure; a flow that wants its jobs cancelled
+when it fails adds it itself::
 
-    @flow(on_failure=[cancel_flow_run_jobs], on_cancellation=[cancel_flow_run_jobs],
-          on_crashed=[cancel_flow_run_jobs])
+    @flow(on_failure=[cancel_flow_run_jobs])
     def my_flow(): ...
 """
 
@@ -23,13 +24,11 @@ from typing import Any
 
 from prefect import flow
 
-from core.runner import get_runner
 from core.specs import AppHandle, AppState, AppStatus, CfgVal
-from prefect_tasks import _jobs
+from prefect_tasks._jobs import cancel_flow_run_jobs
 from prefect_tasks.tasks import (
     DEFAULT_CANCEL_CHECK_INTERVAL,
     DEFAULT_POLL_INTERVAL,
-    _logger,
     submit_job,
     submit_job_async,
     wait_for_job,
@@ -50,18 +49,6 @@ class JobResult:
     def state(self) -> AppState:
         """The job's final state (SUCCEEDED: ``run_job`` raises otherwise)."""
         return self.status.state
-
-
-def cancel_flow_run_jobs(flow: Any, flow_run: Any, state: Any) -> None:
-    """Flow hook: cancels the jobs ``flow_run`` submitted in this process and not yet seen end.
-
-    Use it in ``on_failure``, ``on_cancellation`` and ``on_crashed``. The waiting tasks already
-    cancel their own jobs; this covers jobs submitted but not (or not yet) waited on.
-    """
-    with get_runner() as runner:
-        _jobs.cancel_tracked(
-            runner, str(flow_run.id), _logger(), f"flow run {flow_run.name} is {state.name}"
-        )
 
 
 _HOOKS: dict[str, Any] = {

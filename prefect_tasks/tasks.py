@@ -113,9 +113,8 @@ def _submit(
     logger = _logger()
     appdef = _jobs.resolve_app(app)
     key = idempotency_key or _jobs.derive_idempotency_key(appdef, scheduler, cfg, workspace)
-    handle = _jobs.submit(runner, appdef, scheduler, cfg, workspace, key, logger)
-    _jobs.track(handle)
-    return handle
+    _jobs.guard_flow_run()
+    return _jobs.submit(runner, appdef, scheduler, cfg, workspace, key, logger)
 
 
 @task(name="shipyard-submit-job", cache_policy=NO_CACHE)
@@ -158,6 +157,7 @@ async def submit_job_async(
     Interrupted while the submission is in flight, the job it makes is cancelled once it exists.
     """
     _check_submit_args(scheduler, cfg, workspace, idempotency_key)
+    _jobs.guard_flow_run()  # here: signal handlers can only be set from the main thread
     runner = get_runner()
     future = _jobs.start_in_thread(
         lambda: _submit(runner, app, scheduler, cfg, workspace, idempotency_key)

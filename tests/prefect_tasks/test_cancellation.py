@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,10 @@ def test_cancelled_flow_run_cancels_the_job(name: str, tmp_path: Path, how: str)
 
 _SIGTERM_FLOW = textwrap.dedent(
     """
+    import faulthandler
+    import signal
     import sys
+    import time
     from pathlib import Path
 
     from prefect import flow
@@ -128,6 +132,7 @@ _SIGTERM_FLOW = textwrap.dedent(
     from tests.prefect_tasks.helpers import sleeper_app
 
     name, pid_dir, mode = sys.argv[1:]
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stack dump on a hang
 
 
     @flow
@@ -135,6 +140,8 @@ _SIGTERM_FLOW = textwrap.dedent(
         handle = submit_job(sleeper_app(name, Path(pid_dir)))
         if mode == "submitted":
             return wait_for_job.submit(handle).result()
+        if mode == "before waiting":
+            time.sleep(300)  # SIGTERM comes here: no task is waiting on the job yet
         return wait_for_job(handle)
 
 
@@ -143,7 +150,7 @@ _SIGTERM_FLOW = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["direct", "submitted"])
+@pytest.mark.parametrize("mode", ["direct", "submitted", "before waiting"])
 def test_sigterm_to_the_flow_process_cancels_the_job(
     name: str, tmp_path: Path, mode: str, prefect_server: str
 ) -> None:
@@ -151,7 +158,8 @@ def test_sigterm_to_the_flow_process_cancels_the_job(
     script.write_text(_SIGTERM_FLOW)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    log = (tmp_path / "flow.log").open("w")
+    log_path = tmp_path / "flow.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, str(script), name, str(pid_dir), mode],
         cwd=ROOT,
@@ -168,16 +176,21 @@ def test_sigterm_to_the_flow_process_cancels_the_job(
         assert proc.poll() is None, (tmp_path / "flow.log").read_text()
         pids = started_pids(pid_dir)
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(DEADLINE)
+        try:
+            code = proc.wait(DEADLINE)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            pytest.fail(f"the flow process did not exit on SIGTERM:\n{log_path.read_text()}")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         log.close()
-    output = (tmp_path / "flow.log").read_text()
+    output = log_path.read_text()
     assert code != 0, output
-    assert_no_running_job(name, pids)
     assert "cancelled local_cwd://" in output, output
+    assert_no_running_job(name, pids)
 
 
 def test_wait_timeout_parameter_cancels_the_job(name: str, tmp_path: Path) -> None:

@@ -183,27 +183,28 @@ def test_retried_task_reattaches_to_the_job_it_submitted(name: str) -> None:
 def test_backend_errors_while_waiting_keep_the_job(
     name: str, monkeypatch: Any, errors: int, attempts: int
 ) -> None:
-    """Errors reading the status (the backend briefly unreachable: faked, a real one cannot be
+    """Errors polling the status (the backend briefly unreachable: faked, a real one cannot be
     produced on demand): a few in a row are tolerated; one more fails the attempt but leaves the
     job running, and the task's retry follows it to the end."""
     app = sh_app(name, {"main": (1, "sleep 1; echo survived")})
-    real_status = Runner.status
+    real_status_many = Runner.status_many
     calls = {"n": 0}
-    waiting_thread = [threading.main_thread()]
+    job: list[str] = []
 
-    def flaky_status(self: Runner, handle: str) -> Any:
-        if threading.current_thread() is waiting_thread[0]:
+    def flaky_status_many(self: Runner, handles: Any) -> Any:
+        handles = list(handles)
+        if job and job[0] in handles:
             calls["n"] += 1
             if 3 <= calls["n"] < 3 + errors:
                 raise ConnectionError("backend unreachable")
-        return real_status(self, handle)
+        return real_status_many(self, handles)
+
+    monkeypatch.setattr(Runner, "status_many", flaky_status_many)
 
     @flow
     def waits() -> Any:
-        handle = submit_job(app)
-        waiting_thread[0] = threading.current_thread()
-        monkeypatch.setattr(Runner, "status", flaky_status)
-        return wait_for_job.with_options(retries=1, retry_delay_seconds=0)(handle)
+        job.append(submit_job(app))
+        return wait_for_job.with_options(retries=1, retry_delay_seconds=0)(job[0])
 
     state = waits(return_state=True)
     assert state.is_completed(), state
