@@ -8,7 +8,8 @@ the app's replicas so that it never delays ``submit``.
 Layout of one app's state directory (``<state>/local/<app_id>/``)::
 
     app.json          what was submitted: roles, replicas (pid, start time, log dir), key, time
-    exit.<g>          exit code of replica g (global index), written by its /bin/sh wrapper
+    exits             "<g> <code>" lines: the exit code of replica g (global index), appended
+                      by its /bin/sh wrapper (or by whoever saw the wrapper killed)
     cancelled         marker: cancel was requested (JSON with the time)
     gang              marker: a replica failed, the others were told to terminate
     done              the final state, written by whoever first sees the app terminal
@@ -44,7 +45,7 @@ DONE = "done"
 LOGS_DONE = "logs_done"
 LOCK = "collector.lock"
 COLLECTOR_LOG = "collector.log"
-EXIT_PREFIX = "exit."
+EXITS = "exits"
 INDEX_PREFIX = "idx."
 
 #: seconds between SIGTERM and SIGKILL when terminating replicas
@@ -147,18 +148,39 @@ def parse_exit(text: str | None) -> int | str | None:
     return code
 
 
-def read_exit(app_dir: str, g: int) -> int | str | None:
-    return parse_exit(read_text(os.path.join(app_dir, f"{EXIT_PREFIX}{g}")))
+def read_exits(app_dir: str) -> dict[int, int | str]:
+    """The recorded exit codes of an app's replicas (the first record of a replica wins)."""
+    text = read_text(os.path.join(app_dir, EXITS))
+    codes: dict[int, int | str] = {}
+    if not text:
+        return codes
+    for line in text.split("\n"):
+        g, _, value = line.partition(" ")
+        if not value or not g.isdigit() or int(g) in codes:
+            continue  # (a partial last line is not complete yet)
+        code = parse_exit(value)
+        if code is not None:
+            codes[int(g)] = code
+    return codes
 
 
 def record_exit(app_dir: str, g: int, value: int | str) -> None:
-    """Records an exit code for replica ``g`` unless its wrapper already did."""
-    path = os.path.join(app_dir, f"{EXIT_PREFIX}{g}")
-    if parse_exit(read_text(path)) is None:
-        try:
-            write_atomic(path, f"{value}\n")
-        except FileNotFoundError:  # app dir removed meanwhile
-            pass
+    """Records an exit code for replica ``g`` unless its wrapper already did.
+
+    Each record is one ``write`` of one line in append mode, as the wrappers write theirs.
+    """
+    if g in read_exits(app_dir):
+        return
+    try:
+        fd = os.open(
+            os.path.join(app_dir, EXITS), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        )
+    except FileNotFoundError:  # app dir removed meanwhile
+        return
+    try:
+        os.write(fd, f"{g} {value}\n".encode())
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -398,8 +420,7 @@ def observe(
     obs.gang = GANG in names
     replicas = summary["replicas"]
     every = list(range(len(replicas)))
-    # a running wrapper has not written its code (its exit file exists, empty, while it runs):
-    # only the exit files of the wrappers that ended are read
+    # a running wrapper has not written its code: the codes are read once some wrapper ended
     if alive is None:
         states = [
             is_alive(int(replicas[g]["pid"]), float(replicas[g].get("t") or 0)) for g in every
@@ -407,14 +428,17 @@ def observe(
     else:
         states = alive(every)
     codes: list[int | str | None] = []
+    recorded: dict[int, int | str] | None = None
     for g, running in enumerate(states):
         if running:
             obs.running.append(g)
             codes.append(None)
             continue
-        code = read_exit(app_dir, g) if f"{EXIT_PREFIX}{g}" in names else None
+        if recorded is None:
+            recorded = read_exits(app_dir)  # one file for every replica
+        code = recorded.get(g)
         if code is None:
-            code = read_exit(app_dir, g)  # written after the listdir above?
+            code = read_exits(app_dir).get(g)  # written since it was read?
         codes.append(LOST if code is None else code)
     obs.codes = codes
     return obs
@@ -513,10 +537,20 @@ def _wait_fds(fds: dict[int, int], timeout: float) -> list[int]:
             for fd, _ in poller.poll(left * 1000):
                 poller.unregister(fd)
                 waiting.pop(fd, None)
+                _reap_if_child(fd)
         return sorted(waiting.values())
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _reap_if_child(pidfd: int) -> None:
+    """Reaps the exited process of ``pidfd`` if it is a child of this process (the process that
+    submitted an app): its zombie would keep its process group alive a while longer."""
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)  # type: ignore[attr-defined]
+    except (ChildProcessError, OSError, AttributeError):
+        pass
 
 
 def wait_exits(

@@ -110,15 +110,15 @@ DEFAULT_GRACE = rt.DEFAULT_GRACE
 #: the environment variable holding the host of replica 0 (value of the ``rank0_env`` macro)
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
 
-# The replica's wrapper: ``sh -c _WRAPPER EXIT_FILE STDOUT_LOG STDERR_LOG CMD ARGS...``.
-# It opens the log files itself (so the submit path creates no files) and the exit file (kept
-# open on fd 4: writing the code at the end creates nothing), and records the exit code of the
-# command; trapping TERM/INT/HUP keeps it alive to do so while the command gets the default
+# The replica's wrapper: ``sh -c _WRAPPER EXITS_FILE STDOUT_LOG STDERR_LOG G CMD ARGS...``.
+# It opens the log files itself (so the submit path creates no files) and the app's exits file
+# (kept open on fd 4, in append mode), and appends "G CODE" to it when the command ended, in
+# one write; trapping TERM/INT/HUP keeps it alive to do so while the command gets the default
 # dispositions (traps are reset on exec). The shell's own stderr goes to /dev/null so that its
 # "Terminated" notices never reach the replica's log.
 _WRAPPER = (
-    'trap : TERM INT HUP; exec >>"$1" 2>>"$2" 3>&2 2>/dev/null 4>>"$0"; shift 2;'
-    ' (exec "$@" 2>&3 3>&- 4>&-); echo $? >&4'
+    'trap : TERM INT HUP; exec >>"$1" 2>>"$2" 3>&2 2>/dev/null 4>>"$0"; g=$3; shift 3;'
+    ' (exec "$@" 2>&3 3>&- 4>&-); echo "$g $?" >&4'
 )
 _SH = "/bin/sh"
 
@@ -850,6 +850,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         procs: list[subprocess.Popen[bytes]] = []
         with self._lock:
             self._inflight[app_id] = started
+        exits = os.path.join(app_dir, rt.EXITS)
         try:
             # every log file's directory must be usable before anything starts
             paths: list[tuple[str, str, str]] = []
@@ -873,8 +874,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                     # its own process group (not session: setsid(2) is slow where the kernel's
                     # autogroups are on); what leaves the group is found by MARKER_ENV
                     proc = subprocess.Popen(
-                        [_SH, "-c", _WRAPPER, os.path.join(app_dir, f"exit.{g}"), out, err]
-                        + param.args,
+                        [_SH, "-c", _WRAPPER, exits, out, err, str(g)] + param.args,
                         stdin=self._devnull,
                         stdout=self._devnull,
                         stderr=self._devnull,
