@@ -6,10 +6,15 @@
   its earlier attempt started instead of submitting a second one.
 * :class:`CancelWatch` notices that the run is going away while a task waits on a job: Prefect's
   thread-pool task runner shutting down (a flow timeout, a flow that failed or returned, SIGTERM to
-  the flow process) or the flow run being cancelled through the API.
+  the flow process), the flow's own timeout passing, or the flow run (or a parent) being cancelled
+  through the API.
+* :func:`guard_flow_run` covers the time between submitting and waiting: a SIGTERM guard and
+  ``on_crashed`` / ``on_cancellation`` hooks that cancel the flow run's unfinished jobs.
 * :class:`LogForwarder` sends a job's log lines to a logger, one record per line, as they arrive.
-* :func:`wait_sync` / :func:`wait_async` poll the job to a final state and cancel it when they are
-  interrupted (task or flow timeout, cancellation, SIGTERM, Ctrl-C).
+* :class:`StatusHub` polls the status of every job waited on in the process in one loop (one
+  ``status_many`` call per round).
+* :func:`wait_sync` / :func:`wait_async` follow the job to a final state and cancel it when they
+  are interrupted (task or flow timeout, cancellation, SIGTERM, Ctrl-C).
 
 Everything is addressed by app handle, so any process can pick a job up again.
 """

@@ -10,6 +10,7 @@ another needs.
   ``role/replica line``), raises :class:`core.runner.AppFailedError` (state, exit codes, last log
   lines) for a job that did not succeed, and cancels the job when the run goes away: a task or
   flow timeout, a cancelled flow run, SIGTERM to the flow process, also for ``.submit()``-ed tasks.
+  All the jobs waited on in a process are polled together (one backend call per round).
 * Each task has an ``async`` twin (``*_async``) for async flows; the sync tasks also work there.
 
 Every task uses ``cache_policy=NO_CACHE``: submitting and cancelling are side effects that must

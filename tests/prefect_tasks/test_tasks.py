@@ -162,7 +162,12 @@ def test_cancel_job_is_idempotent_and_knows_unknown_apps(name: str) -> None:
 
 def test_errors_survive_pickling(name: str) -> None:
     """Prefect may persist or ship a failed task's exception; ours keep their fields."""
-    state = wait_for_job(submit_job.fn(sh_app(name, {"main": (1, "exit 5")})), return_state=True)
+
+    @flow
+    def fails() -> Any:
+        return wait_for_job(submit_job(sh_app(name, {"main": (1, "exit 5")})))
+
+    state = fails(return_state=True)
     with pytest.raises(AppFailedError) as info:
         state.result()
     err = pickle.loads(pickle.dumps(info.value))
