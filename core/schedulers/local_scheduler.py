@@ -110,15 +110,23 @@ DEFAULT_GRACE = rt.DEFAULT_GRACE
 #: the environment variable holding the host of replica 0 (value of the ``rank0_env`` macro)
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
 
-# The replica's wrapper: ``sh -c _WRAPPER EXITS_FILE STDOUT_LOG STDERR_LOG G CMD ARGS...``.
+# The replica's wrapper: ``sh -c _WRAPPER EXITS_FILE STDOUT_LOG STDERR_LOG G CWD CMD ARGS...``.
 # It opens the log files itself (so the submit path creates no files) and the app's exits file
-# (kept open on fd 4, in append mode), and appends "G CODE" to it when the command ended, in
-# one write; trapping TERM/INT/HUP keeps it alive to do so while the command gets the default
-# dispositions (traps are reset on exec). The shell's own stderr goes to /dev/null so that its
-# "Terminated" notices never reach the replica's log.
+# (kept open on fd 4, in append mode), changes to CWD (if not empty), and appends "G CODE" to the
+# exits file when the command ended, in one write. Trapping TERM/INT/HUP keeps it alive to do so
+# while the command gets the default dispositions (traps are reset on exec). Its own stderr is
+# /dev/null (only the command's goes to the log): its "Terminated" notices stay out of the log.
 _WRAPPER = (
-    'trap : TERM INT HUP; exec >>"$1" 2>>"$2" 3>&2 2>/dev/null 4>>"$0"; g=$3; shift 3;'
-    ' (exec "$@" 2>&3 3>&- 4>&-); echo "$g $?" >&4'
+    'trap : TERM INT HUP; exec >>"$1" 4>>"$0"; e=$2; g=$3;'
+    ' if [ -n "$4" ]; then cd -- "$4" 2>>"$e" || { echo "$g 126" >&4; exit 126; }; fi; shift 4;'
+    ' (exec "$@" 2>>"$e" 4>&-); echo "$g $?" >&4'
+)
+# Replicas start with every signal at its default disposition, as a fresh process: ignored
+# signals would be inherited (Python ignores SIGPIPE, a terminal job may ignore SIGINT) and a
+# shell cannot trap a signal ignored on entry. (glibc's own two real-time signals, which Python
+# does not let one name, are left to glibc: its programs install handlers for them on use.)
+_SIGDEF = tuple(
+    sig for sig in signal.valid_signals() if sig not in (signal.SIGKILL, signal.SIGSTOP)
 )
 _SH = "/bin/sh"
 
@@ -363,9 +371,13 @@ class _Background:
         except OSError:
             pass
 
-    def watch(self, proc: subprocess.Popen[bytes], app_dir: str | None = None, g: int = -1) -> None:
-        """Reaps ``proc`` when it exits (recording replica ``g``'s exit code if it must)."""
-        self._put(("watch", (proc, app_dir, g)))
+    def watch(self, pid: int, app_dir: str | None = None, g: int = -1) -> None:
+        """Reaps child ``pid`` when it exits (recording replica ``g``'s exit code if it must)."""
+        self._put(("watch", (pid, app_dir, g, None)))
+
+    def watch_popen(self, proc: subprocess.Popen[bytes]) -> None:
+        """Reaps the child of ``proc`` (through ``proc.poll``) when it exits."""
+        self._put(("watch", (proc.pid, None, -1, proc)))
 
     def launch(self, app_dir: str, grace: float, sched: LocalScheduler | None = None) -> None:
         """Sees to the log collection of a just submitted app."""
@@ -396,8 +408,8 @@ class _Background:
 
         poller = select.poll()
         poller.register(self._rfd, select.POLLIN)
-        procs: dict[int, tuple[subprocess.Popen[bytes], str | None, int]] = {}  # by pidfd
-        unwatched: list[tuple[subprocess.Popen[bytes], str | None, int]] = []  # no pidfd
+        procs: dict[int, _Watched] = {}  # by pidfd
+        unwatched: list[_Watched] = []  # without pidfds: polled
         launches: collections.deque[tuple[float, str, float]] = collections.deque()
         active_until = time.monotonic() + _WARM
         while True:
@@ -405,7 +417,7 @@ class _Background:
                 kind, item = self._q.popleft()
                 if kind == "watch":
                     try:
-                        fd = os.pidfd_open(item[0].pid)
+                        fd = os.pidfd_open(item[0])
                     except (OSError, AttributeError):
                         unwatched.append(item)
                     else:
@@ -460,9 +472,9 @@ class _Background:
                     continue
                 item = procs.pop(fd, None)
                 poller.unregister(fd)
-                os.close(fd)
                 if item is not None:
-                    _reaped(item)
+                    _reaped(item, fd)
+                os.close(fd)
 
     def _run_evictions(self) -> None:
         with self._lock:
@@ -477,14 +489,33 @@ class _Background:
         self.__init__()  # type: ignore[misc]
 
 
-def _reaped(item: tuple[subprocess.Popen[bytes], str | None, int]) -> bool:
-    """Reaps an exited child; records the exit code of a wrapper killed by a signal."""
-    proc, app_dir, g = item
-    code = proc.poll()
-    if code is None:
-        return False
-    if app_dir is not None and code < 0:
-        rt.record_exit(app_dir, g, code)
+_Watched = tuple[int, "str | None", int, "subprocess.Popen[bytes] | None"]
+
+
+def _reaped(item: _Watched, pidfd: int = -1) -> bool:
+    """Reaps an exited child (False if it still runs); records the exit code of a wrapper that
+    was killed by a signal (it could not record one itself)."""
+    pid, app_dir, g, proc = item
+    if proc is not None:
+        return proc.poll() is not None
+    killed_by = 0
+    try:
+        if pidfd >= 0:
+            res = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)  # type: ignore[attr-defined]
+            if res is None:
+                return False
+            if res.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                killed_by = res.si_status
+        else:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == 0:
+                return False
+            if os.WIFSIGNALED(status):
+                killed_by = os.WTERMSIG(status)
+    except (ChildProcessError, AttributeError, OSError):
+        return True  # reaped by someone else (e.g. terminate)
+    if app_dir is not None and killed_by:
+        rt.record_exit(app_dir, g, -killed_by)
     return True
 
 
@@ -544,7 +575,7 @@ def spawn_collector(app_dir: str, grace: float = DEFAULT_GRACE) -> None:
     _COLLECTORS[app_dir] = proc
     for done in [d for d, p in _COLLECTORS.items() if p.returncode is not None]:
         _COLLECTORS.pop(done, None)
-    _BG.watch(proc)
+    _BG.watch_popen(proc)
 
 
 def _finish_collector(app_dir: str, timeout: float = 5.0) -> None:
@@ -847,7 +878,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
             self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         replicas: list[dict[str, Any]] = []
         started: list[tuple[int, float]] = []
-        procs: list[subprocess.Popen[bytes]] = []
+        here = os.getcwd()
+        devnull = [(os.POSIX_SPAWN_DUP2, self._devnull, fd) for fd in (0, 1, 2)]
         with self._lock:
             self._inflight[app_id] = started
         exits = os.path.join(app_dir, rt.EXITS)
@@ -855,8 +887,14 @@ class LocalScheduler(Scheduler[PopenRequest]):
             # every log file's directory must be usable before anything starts
             paths: list[tuple[str, str, str]] = []
             checked: set[str] = set()
-            for role_name, params in request.role_params.items():
+            for i, (role_name, params) in enumerate(request.role_params.items()):
                 for k, param in enumerate(params):
+                    if param.cwd and param.cwd not in checked:
+                        if not os.path.isdir(param.cwd):
+                            raise ValueError(
+                                f"roles[{i}]: working directory {param.cwd!r} does not exist"
+                            )
+                        checked.add(param.cwd)
                     base = os.path.join(request.role_log_dirs[role_name][k], f"{role_name}.{k}")
                     out = param.stdout or f"{base}.stdout.log"
                     err = param.stderr or f"{base}.stderr.log"
@@ -870,26 +908,27 @@ class LocalScheduler(Scheduler[PopenRequest]):
             for role_index, (role_name, params) in enumerate(request.role_params.items()):
                 for k, param in enumerate(params):
                     out, err, comb = paths[g]
+                    cwd = param.cwd if param.cwd and param.cwd != here else ""
                     spawned = time.time()
                     # its own process group (not session: setsid(2) is slow where the kernel's
-                    # autogroups are on); what leaves the group is found by MARKER_ENV
-                    proc = subprocess.Popen(
-                        [_SH, "-c", _WRAPPER, exits, out, err, str(g)] + param.args,
-                        stdin=self._devnull,
-                        stdout=self._devnull,
-                        stderr=self._devnull,
-                        cwd=param.cwd,
-                        env={**base_env, **param.env},
-                        process_group=0,
+                    # autogroups are on); what leaves the group is found by MARKER_ENV.
+                    # posix_spawn: cheaper than Popen; close-on-exec keeps our fds out of it.
+                    pid = os.posix_spawn(
+                        _SH,
+                        [_SH, "-c", _WRAPPER, exits, out, err, str(g), cwd, *param.args],
+                        {**base_env, **param.env},
+                        file_actions=devnull,
+                        setpgroup=0,
+                        setsigdef=_SIGDEF,
+                        setsigmask=(),
                     )
-                    started.append((proc.pid, spawned))
-                    procs.append(proc)
+                    started.append((pid, spawned))
                     replicas.append(
                         {
                             "role": role_name,
                             "ri": role_index,
                             "k": k,
-                            "pid": proc.pid,
+                            "pid": pid,
                             "t": spawned,
                             "out": out,
                             "err": err,
@@ -921,14 +960,14 @@ class LocalScheduler(Scheduler[PopenRequest]):
             # a failure half-way (or a signal): nothing that was started may be left behind
             partial = {"replicas": [{"pid": p, "t": t} for p, t in started]}
             rt.terminate(app_dir, partial, grace=self._grace)
-            for proc in procs:
-                _BG.watch(proc)
+            for pid, _ in started:
+                _BG.watch(pid)
             with self._lock:
                 self._inflight.pop(app_id, None)
             shutil.rmtree(app_dir, ignore_errors=True)
             raise
-        for g, proc in enumerate(procs):
-            _BG.watch(proc, app_dir, g)
+        for g, (pid, _) in enumerate(started):
+            _BG.watch(pid, app_dir, g)
         key = request.metadata.get(IDEMPOTENCY_KEY)
         if key:
             _write_key(key, app_id)

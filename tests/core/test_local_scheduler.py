@@ -536,8 +536,8 @@ def test_failed_submit_leaves_nothing_running(tmp_path: Path) -> None:
             ],
         )
         info = s.submit_dryrun(app, {})
-        second.rmdir()  # role b cannot start any more
-        with pytest.raises(OSError):
+        second.rmdir()  # role b cannot start any more: caught before anything starts
+        with pytest.raises(ValueError, match=r"roles\[1\]: working directory"):
             s.schedule(info)
         assert not s.exists(info.request.app_id)
         assert not os.path.exists(os.path.join(state_dir(), info.request.app_id))
@@ -614,3 +614,20 @@ def test_fast_large_output_is_collected_whole(sched: LocalScheduler, tmp_path: P
     for stream in (Stream.COMBINED, Stream.STDOUT):
         assert list(sched.log_iter(app_id, "r", 0, streams=stream)) == lines, stream
     assert list(sched.log_iter(app_id, "r", 0, regex="^long ")) == [lines[1000]]
+
+
+def test_replicas_start_with_default_signal_dispositions(sched: LocalScheduler) -> None:
+    import signal
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # ignored here (Python ignores SIGPIPE)
+    try:
+        app_id = sched.submit(
+            AppDef("sigs", [Role("r", entrypoint="grep", args=["^Sig[IB]", "/proc/self/status"])]),
+            {},
+        )
+    finally:
+        signal.signal(signal.SIGHUP, old)
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    got = dict(line.split(":") for line in sched.log_iter(app_id, "r", 0, streams=Stream.STDOUT))
+    standard = (1 << 31) - 1  # signals 1-31 (glibc reserves 32 and 33 for itself)
+    assert int(got["SigIgn"], 16) & standard == 0 and int(got["SigBlk"], 16) == 0, got
