@@ -7,21 +7,24 @@ the app's replicas so that it never delays ``submit``.
 
 Layout of one app's state directory (``<state>/local/<app_id>/``)::
 
-    app.json          what was submitted: roles, replicas (pid, start time, log dir), key, time
+    app.json          what was submitted: roles, replicas (pid, spawn time, log files), key,
+                      time; written once, when every replica was started
     exits             "<g> <code>" lines: the exit code of replica g (global index), appended
                       by its /bin/sh wrapper (or by whoever saw the wrapper killed)
     cancelled         marker: cancel was requested (JSON with the time)
     gang              marker: a replica failed, the others were told to terminate
     done              the final state, written by whoever first sees the app terminal
     collector.lock    flock'ed by the live collector (released by the kernel when it dies)
+    collector.log     what the collector process had to say (errors only)
     idx.<g>           time index of replica g's logs: "time out_off err_off comb_off" lines
     logs_done         the collector consumed every byte of every replica's output
     <role>.<k>.{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
 
 Replica stdout/stderr go straight from the process into ``<role>.<k>.stdout.log`` and
 ``.stderr.log`` (so no byte is ever lost, whoever dies); the collector tails them and writes
-``<role>.<k>.combined.log``
-(whole lines, in the order it saw them arrive) and the time index used for ``since``/``until``.
+``<role>.<k>.combined.log`` (whole lines, in the order it saw them arrive; output that arrived
+before it first looked is ordered by the files' modification times) and the time index used
+for ``since``/``until``. Readers of ``combined.log`` only read what an index entry committed.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ def load_summary(app_dir: str) -> dict[str, Any] | None:
 
 
 def parse_exit(text: str | None) -> int | str | None:
-    """Decodes an exit file: None (not written yet), :data:`LOST`, or an exit code.
+    """Decodes a recorded exit code: None (not written yet), :data:`LOST`, or an exit code.
 
     The wrapper records ``$?`` of ``/bin/sh``: ``128+N`` means "killed by signal N" and is
     reported as ``-N`` (as ``subprocess`` does). A negative value was written by whoever reaped

@@ -8,26 +8,32 @@ limits, retry policies and counts, deployment preferences.
 
 **Any process can address a local app.** Each app keeps a small state directory under
 ``$SHIPYARD_STATE_DIR`` (else ``$XDG_STATE_HOME/shipyard``, else ``~/.local/state/shipyard``), in
-``local/<app_id>/``: what was submitted, the replicas' pids and start times, their exit codes (each
-replica runs under a tiny ``/bin/sh`` wrapper that records it) and a few markers. So ``describe``,
-``list``, ``exists``, ``log_iter`` and ``cancel`` work from any process on the host, also after the
-submitting process exited; apps keep running when it does.
+``local/<app_id>/`` (layout in :mod:`core.schedulers._local_runtime`): what was submitted, the
+replicas' pids and spawn times, their exit codes (each replica runs under a tiny ``/bin/sh``
+wrapper that records it) and a few markers. So ``describe``, ``list``, ``exists``,
+``log_iter`` and ``cancel`` work from any process on the host, also after the submitting
+process exited; apps keep running when it does. Each replica runs in a process group of its
+own and gets ``SHIPYARD_APP_ID``, ``SHIPYARD_ROLE_NAME``, ``SHIPYARD_REPLICA_ID``,
+``SHIPYARD_NUM_REPLICAS``, ``SHIPYARD_RANK0_HOST`` (the ``rank0_env`` macro) and
+``SHIPYARD_REPLICA_KEY`` (inherited by everything it starts; used to find leftovers).
 
 **Logs.** A replica writes its stdout and stderr straight into ``<role>.<k>.stdout.log`` and
 ``<role>.<k>.stderr.log`` in the app's log directory (``<log_dir>/<app_id>/`` with cfg
-``log_dir``, else the app's state directory). A small per-app collector writes
-``<role>.<k>.combined.log`` (whole lines of both streams in the order it saw them arrive) and a coarse
-time index that ``log_iter``'s ``since``/``until`` use. The collector of an app still running
-25 ms after submit is a separate process (it survives the submitting process); a shorter app
-has its logs collected by the submitting process itself.
+``log_dir``, else the app's state directory). A collector writes ``<role>.<k>.combined.log``
+(whole lines of both streams in the order it saw them arrive) and a coarse time index that
+``log_iter``'s ``since``/``until`` use. The collector of an app still running 25 ms after
+submit is a process of its own (it survives the submitting process); a shorter app has its logs
+collected by the submitting process; a reader finishes the work of a collector that is gone.
 
 **Nothing is orphaned.** ``cancel`` sends SIGTERM to the process group of every replica at once,
-waits for them with short polls, sends SIGKILL after a grace period (:data:`DEFAULT_GRACE`), and
-then ends what the replicas left behind in their sessions. When a replica fails, the other
-replicas of the app are terminated the same way (gang semantics) and the app ends FAILED,
-naming the replica that failed first. A :class:`LocalScheduler` created in the main thread
-terminates the apps it launched when its process receives SIGTERM or SIGINT and raises
-:class:`SignalException` (processes that escape with ``setsid`` are not tracked).
+waits for the wrappers, sends SIGKILL after a grace period (:data:`DEFAULT_GRACE`), then ends
+whatever the replicas left behind, also outside their process groups (found by their inherited
+``SHIPYARD_REPLICA_KEY``). When a replica fails, the other replicas of the app are terminated
+the same way (gang semantics: they are reported CANCELLED) and the app ends FAILED, naming the
+replica that failed first; what a replica that ended leaves running is ended too. A
+:class:`LocalScheduler` created in the main thread terminates the apps its process launched
+when the process receives SIGTERM or SIGINT and raises :class:`SignalException`. Processes
+that also clear their environment escape (a cgroup would be needed to catch those).
 
 Exit codes: a replica killed by signal N reports ``-N``. The ``/bin/sh`` wrapper cannot tell
 "killed by signal N" from "exited with 128+N", so exit codes 129..192 are reported as signals.
@@ -162,7 +168,7 @@ class SignalException(Exception):
 
 @dataclass
 class ReplicaParam:
-    """What ``LocalScheduler`` passes to ``subprocess.Popen`` for one replica.
+    """What ``LocalScheduler`` starts for one replica (the command, run by a small wrapper).
 
     ``env`` holds only what the replica adds to the submitting process's environment.
     ``stdout``/``stderr``/``combined`` are the replica's log files.
