@@ -684,6 +684,23 @@ class StatusHub:
                 return seen, None
             return result
 
+    @staticmethod
+    def _poll(runner: Runner, handles: list[AppHandle]) -> dict[AppHandle, Any]:
+        """Statuses of ``handles`` in one call; if that fails, one by one, so that one bad
+        handle (or backend) only fails its own waiters."""
+        try:
+            return dict(runner.status_many(handles))
+        except Exception as e:
+            if len(handles) == 1:
+                return {handles[0]: e}
+        outcome: dict[AppHandle, Any] = {}
+        for handle in handles:
+            try:
+                outcome[handle] = runner.status(handle)
+            except Exception as e:
+                outcome[handle] = e
+        return outcome
+
     def _loop(self) -> None:
         runner = self._runner_factory() if self._runner_factory else None
         try:
@@ -697,11 +714,7 @@ class StatusHub:
                     handles = list(self._watchers)
                 if runner is None:
                     runner = get_runner()
-                outcome: dict[AppHandle, Any]
-                try:
-                    outcome = dict(runner.status_many(handles))
-                except Exception as e:
-                    outcome = dict.fromkeys(handles, e)
+                outcome = self._poll(runner, handles)
                 with self._cond:
                     self._round += 1
                     for handle in handles:

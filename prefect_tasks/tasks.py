@@ -30,6 +30,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from core.runner import Runner, get_runner
+from core.schedulers import get_scheduler_factories
 from core.specs import AppHandle, AppStatus, CfgVal, parse_app_handle
 from prefect_tasks import _jobs
 
@@ -68,7 +69,12 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
 def _check_handle(handle: Any) -> AppHandle:
     if not isinstance(handle, str):
         raise ValueError(f"handle: expected an app handle string, got {type(handle).__name__}")
-    parse_app_handle(handle)  # raises MalformedAppHandleException (a ValueError)
+    backend = parse_app_handle(handle).scheduler_backend  # MalformedAppHandleException
+    known = get_scheduler_factories()
+    if backend not in known:
+        raise ValueError(
+            f"handle: unknown scheduler {backend!r} in {handle!r}; expected one of {', '.join(known)}"
+        )
     return handle
 
 

@@ -67,6 +67,7 @@ def test_submit_job_refuses_bad_input_before_submitting(
     [
         (wait_for_job, {"handle": 3}, r"^handle: expected an app handle string, got int"),
         (wait_for_job, {"handle": "not-a-handle"}, r"not-a-handle"),
+        (wait_for_job, {"handle": "nosuch://s/a"}, r"^handle: unknown scheduler 'nosuch'"),
         (wait_for_job, {"timeout": -1}, r"^timeout: expected a positive number of seconds"),
         (wait_for_job, {"poll_interval": 0}, r"^poll_interval: expected a positive number"),
         (wait_for_job, {"cancel_check_interval": True}, r"^cancel_check_interval: expected"),
@@ -201,3 +202,45 @@ def test_idempotency_keys(name: str) -> None:
     first, again, other_app, other_sched = keys()
     assert first.startswith("prefect-")
     assert len({first, again, other_app, other_sched}) == 4
+
+
+def test_one_failing_poll_does_not_fail_the_other_waiters(name: str, monkeypatch: Any) -> None:
+    """A handle whose status cannot be read (faked: a backend that errors for one job) fails only
+    its own wait; the job waited on at the same time finishes normally."""
+    from core.runner import Runner
+
+    real_status, real_status_many = Runner.status, Runner.status_many
+    broken = "local_cwd://shipyard/broken-job"
+    batches: list[list[str]] = []
+
+    def status(self: Runner, handle: str) -> Any:
+        if handle == broken:
+            raise OSError("this job's state cannot be read")
+        return real_status(self, handle)
+
+    def status_many(self: Runner, handles: Any) -> Any:
+        handles = list(handles)
+        batches.append(handles)
+        if broken in handles:
+            raise OSError("this job's state cannot be read")
+        return real_status_many(self, handles)
+
+    monkeypatch.setattr(Runner, "status", status)
+    monkeypatch.setattr(Runner, "status_many", status_many)
+
+    @flow
+    def both() -> Any:
+        good = submit_job(sh_app(name, {"main": (1, "sleep 1; echo fine")}))
+        waits = [wait_for_job.submit(h, poll_interval=0.2) for h in (good, broken)]
+        return [w.wait() or w.state for w in waits]
+
+    good_state, broken_state = both()
+
+    assert good_state.is_completed(), good_state
+    assert good_state.result().state == AppState.SUCCEEDED
+    assert broken_state.is_failed()
+    with pytest.raises(OSError, match="cannot be read"):
+        broken_state.result()
+    assert any(len(b) == 2 for b in batches), "the two waits were never polled together"
+    logs = flow_run_logs(good_state.state_details.flow_run_id)
+    assert sum("(1 of 3 tolerated)" in m for m in logs) >= 1, logs
