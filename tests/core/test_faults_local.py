@@ -99,9 +99,9 @@ def wait_final(runner: Runner, handle: str, timeout: float = 60.0) -> object:
 
 # Each replica writes "<pid>" into started.<app>.<k>, waits for the go file, prints N lines to
 # stdout and N/2 to stderr, then exits with the given code.
-# ($$$$: macro substitution turns "$$" into "$", like string.Template)
+# ("$$" reaches the shell as written: only ${macro}s are substituted)
 WORK = (
-    'echo $$$$ > "$0.$1"; while [ ! -e "$2" ]; do sleep 0.02; done;'
+    'echo $$ > "$0.$1"; while [ ! -e "$2" ]; do sleep 0.02; done;'
     ' seq 1 "$3"; seq 1 $(( $3 / 2 )) >&2; exit "$4"'
 )
 SUBMITTER = """
@@ -208,7 +208,7 @@ def _sleeper(tmp_path: Path, n: int = 2) -> Role:
     return Role(
         "w",
         entrypoint="sh",
-        args=["-c", 'echo $$$$ > "$0.$1"; exec sleep 300', str(tmp_path / "pid"), "${replica_id}"],
+        args=["-c", 'echo $$ > "$0.$1"; exec sleep 300', str(tmp_path / "pid"), "${replica_id}"],
         num_replicas=n,
     )
 
