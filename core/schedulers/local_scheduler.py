@@ -610,10 +610,11 @@ class _SignalHandlers:
             return
         self._schedulers.add(sched)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            if sig in self._previous:
-                continue
             try:
                 current = signal.getsignal(sig)
+                # installed already (another framework may have replaced it since: then again)
+                if current == self._handle:
+                    continue
                 if current is signal.SIG_IGN:
                     continue  # respect an ignored signal (e.g. nohup)
                 signal.signal(sig, self._handle)
@@ -629,7 +630,8 @@ class _SignalHandlers:
             try:
                 if signal.getsignal(sig) == self._handle:
                     signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-                    del self._previous[sig]
+                # a handler installed over ours since stays; ours is no longer in the chain
+                del self._previous[sig]
             except (ValueError, OSError):
                 pass
 

@@ -631,3 +631,22 @@ def test_replicas_start_with_default_signal_dispositions(sched: LocalScheduler) 
     got = dict(line.split(":") for line in sched.log_iter(app_id, "r", 0, streams=Stream.STDOUT))
     standard = (1 << 31) - 1  # signals 1-31 (glibc reserves 32 and 33 for itself)
     assert int(got["SigIgn"], 16) & standard == 0 and int(got["SigBlk"], 16) == 0, got
+
+
+def test_signal_handler_is_installed_again_after_a_framework_replaced_it() -> None:
+    import signal
+
+    first = create_cwd_scheduler("first")
+
+    def framework_handler(signum: int, frame: object) -> None:
+        pass
+
+    before = signal.signal(signal.SIGTERM, framework_handler)  # e.g. Airflow's task runner
+    try:
+        second = create_cwd_scheduler("second")
+        assert signal.getsignal(signal.SIGTERM) is not framework_handler
+        second.close()
+        first.close()
+        assert signal.getsignal(signal.SIGTERM) is framework_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
