@@ -231,14 +231,6 @@ def _boot_time() -> float:
     return _BTIME
 
 
-def start_wall_time(pid: int) -> float:
-    """When ``pid`` started (seconds since the epoch, to within a second), 0 if unknown."""
-    st = proc_stat(pid)
-    if st is None or not _boot_time():
-        return 0.0
-    return _boot_time() + st[4] / _CLK_TCK
-
-
 def _same_process(st: tuple[str, int, int, int, int], spawned: float) -> bool:
     """True if a process with this /proc stat could be the one spawned at ``spawned``.
 
