@@ -604,6 +604,7 @@ class _SignalHandlers:
     def __init__(self) -> None:
         self._schedulers: weakref.WeakSet[LocalScheduler] = weakref.WeakSet()
         self._previous: dict[int, Any] = {}
+        self._handling = False
 
     def register(self, sched: LocalScheduler) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -637,12 +638,18 @@ class _SignalHandlers:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
-        log.info("received %s: terminating the local apps launched by this process", sig.name)
-        for sched in list(self._schedulers):
-            sched._terminate_launched()
-        previous = self._previous.get(signum)
-        if callable(previous) and previous is not signal.default_int_handler:
-            previous(signum, frame)
+        if self._handling:  # a chained handler called back into us (or a second signal)
+            raise SignalException(f"terminating on {sig.name}", sig)
+        self._handling = True
+        try:
+            log.info("received %s: terminating the local apps launched by this process", sig.name)
+            for sched in list(self._schedulers):
+                sched._terminate_launched()
+            previous = self._previous.get(signum)
+            if callable(previous) and previous is not signal.default_int_handler:
+                previous(signum, frame)
+        finally:
+            self._handling = False
         raise SignalException(f"terminating on {sig.name}", sig)
 
 

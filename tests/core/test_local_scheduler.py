@@ -21,6 +21,7 @@ from core.schedulers.local_scheduler import (
     LogIterator,
     PopenRequest,
     ReplicaParam,
+    SignalException,
     create_cwd_scheduler,
     create_scheduler,
     state_dir,
@@ -649,4 +650,28 @@ def test_signal_handler_is_installed_again_after_a_framework_replaced_it() -> No
         first.close()
         assert signal.getsignal(signal.SIGTERM) is framework_handler
     finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_signal_handler_chained_back_to_itself_does_not_recurse() -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    first = create_cwd_scheduler("chain-1")
+    ours = signal.getsignal(signal.SIGTERM)
+    calls: list[int] = []
+
+    def framework_handler(signum: int, frame: object) -> None:  # chains to what it replaced
+        calls.append(signum)
+        ours(signum, frame)  # type: ignore[operator]
+
+    signal.signal(signal.SIGTERM, framework_handler)
+    second = create_cwd_scheduler("chain-2")  # re-installs ours over the framework's
+    try:
+        with pytest.raises(SignalException):
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator]
+        assert calls == [signal.SIGTERM]
+    finally:
+        second.close()
+        first.close()
         signal.signal(signal.SIGTERM, before)
