@@ -140,6 +140,7 @@ _APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 _HOSTNAME = "localhost"
 _MAX_PIDFDS = 256  # per scheduler: pidfds kept to check running replicas cheaply
+_WHICH: dict[tuple[str, str, str], str] = {}  # (command, PATH, cwd) -> its absolute path
 _COLLECTOR_DELAY = 0.025  # seconds after submit before a log collector process is started
 _COLLECTOR_NICE = 5  # the collector yields to the replicas
 _TICK = 0.025  # seconds between looks of the background thread while it is busy
@@ -745,7 +746,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
             raise ValueError(f"cfg.log_dir: expected a directory path, got {log_dir!r}")
 
     def _new_app_id(self, name: str) -> str:
-        suffix = "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(10))
+        raw = secrets.token_bytes(10)  # one call for the whole suffix
+        suffix = "".join(_SUFFIX_ALPHABET[b % len(_SUFFIX_ALPHABET)] for b in raw)
         return f"{name}-{suffix}"
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[PopenRequest]:
@@ -832,10 +834,18 @@ class LocalScheduler(Scheduler[PopenRequest]):
             if not os.access(full, os.X_OK):
                 raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} is not executable")
             return entrypoint
+        key = (entrypoint, path, cwd)
+        cached = _WHICH.get(key)
+        if cached is not None and os.access(cached, os.X_OK):  # still there: no PATH search
+            return cached
         found = shutil.which(entrypoint, path=path)
         if found is None:
             raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} was not found on PATH")
-        return os.path.abspath(found)
+        found = os.path.abspath(found)
+        if len(_WHICH) >= 256:
+            _WHICH.clear()
+        _WHICH[key] = found
+        return found
 
     def _get_gpu_device_count(self) -> int:
         """Number of GPUs on this host (``nvidia-smi -L``), 0 if none can be found."""
@@ -1354,7 +1364,8 @@ def _check_log_dir(path: str, is_state: bool) -> None:
     """Creates ``path`` if needed and checks that log files can be written there."""
     what = "state directory" if is_state else "cfg.log_dir"
     try:
-        os.makedirs(path, exist_ok=True)
+        if not is_state:  # (the app's state directory was just made)
+            os.makedirs(path, exist_ok=True)
         st = os.statvfs(path)
     except OSError as e:
         raise ValueError(f"{what}: cannot create {path}: {e.strerror or e}") from e
