@@ -289,14 +289,29 @@ def signal_groups(leaders: Iterable[tuple[int, float]], sig: int) -> list[tuple[
 MARKER_ENV = "SHIPYARD_REPLICA_KEY"
 
 
-def replica_members(app_id: str, replicas: Iterable[int] | None = None) -> list[int]:
+def _last_pid() -> int:
+    """The pid the kernel handed out last (0 if unknown)."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def replica_members(
+    app_id: str, replicas: Iterable[int] | None = None, since_pid: int = 0
+) -> list[int]:
     """Live processes that carry the marker of the app (or of the given replicas of it).
 
     Every process of a replica inherits :data:`MARKER_ENV`, also those that left its process
-    group or session: this finds what a replica left behind after its wrapper ended.
+    group or session: this finds what a replica left behind after its wrapper ended. They were
+    all started after their wrapper: with ``since_pid`` (the first wrapper's pid) only younger
+    pids are read, unless the kernel's pids wrapped around since.
     """
     if not _HAVE_PROC:
         return []
+    if since_pid and _last_pid() < since_pid:
+        since_pid = 0  # wrapped around: any pid may be one of them
     prefix = f"{MARKER_ENV}={app_id}:".encode()
     wanted = None if replicas is None else {str(g).encode() for g in replicas}
     me = os.getpid()
@@ -309,7 +324,7 @@ def replica_members(app_id: str, replicas: Iterable[int] | None = None) -> list[
         if not name.isdigit():
             continue
         pid = int(name)
-        if pid == me:
+        if pid == me or pid < since_pid:
             continue
         try:
             fd = os.open(f"/proc/{name}/environ", os.O_RDONLY | os.O_CLOEXEC)
@@ -604,13 +619,15 @@ def terminate(
         scan = not groups_empty(targets)
     if scan:
         app_id = summary.get("app_id") or os.path.basename(app_dir)
-        reap_replicas(app_id, chosen, grace)
+        reap_replicas(app_id, chosen, grace, min((pid for pid, _ in targets), default=0))
 
 
-def reap_replicas(app_id: str, replicas: Iterable[int] | None, grace: float) -> None:
+def reap_replicas(
+    app_id: str, replicas: Iterable[int] | None, grace: float, since_pid: int = 0
+) -> None:
     """Terminates what is left of the given replicas (TERM, then KILL after ``grace``)."""
     wanted = None if replicas is None else list(replicas)
-    left = replica_members(app_id, wanted)
+    left = replica_members(app_id, wanted, since_pid)
     if not left:
         return
     kill_pids(left, signal.SIGTERM)
@@ -620,7 +637,7 @@ def reap_replicas(app_id: str, replicas: Iterable[int] | None, grace: float) -> 
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
         left = [p for p in left if is_alive(p)]
-    left = sorted(set(left) | set(replica_members(app_id, wanted)))  # and any new ones
+    left = sorted(set(left) | set(replica_members(app_id, wanted, since_pid)))  # and new ones
     if not left:
         return
     kill_pids(left, signal.SIGKILL)
@@ -908,7 +925,12 @@ def _collect(app_dir: str, summary: dict[str, Any], grace: float, follow: bool) 
             ):
                 # whatever the ended replicas left running goes too (one look at every process
                 # for the replicas that ended about together), then their logs are drained
-                reap_replicas(summary["app_id"], [rl.g for rl in ending], grace)
+                reap_replicas(
+                    summary["app_id"],
+                    [rl.g for rl in ending],
+                    grace,
+                    min((leaders[rl.g][0] for rl in ending), default=0),
+                )
                 for rl in ending:
                     rl.poll(time.time(), final=True)
                     rl.finished = True
