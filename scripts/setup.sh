@@ -25,4 +25,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q -e '.[all]'
     touch "$stamp"
 fi
+# byte-compile the project (imports would not write .pyc where PYTHONDONTWRITEBYTECODE is set)
+.venv/bin/python -m compileall -q core airflow_provider prefect_tasks >/dev/null
 echo "setup: .venv ready ($(.venv/bin/python --version))"
