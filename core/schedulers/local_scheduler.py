@@ -117,13 +117,16 @@ DEFAULT_GRACE = rt.DEFAULT_GRACE
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
 
 # The replica's wrapper: ``sh -c _WRAPPER EXITS_FILE STDOUT_LOG STDERR_LOG G CWD CMD ARGS...``.
-# It opens the log files itself (so the submit path creates no files) and the app's exits file
-# (kept open on fd 4, in append mode), changes to CWD (if not empty), and appends "G CODE" to the
-# exits file when the command ended, in one write. Trapping TERM/INT/HUP keeps it alive to do so
-# while the command gets the default dispositions (traps are reset on exec). Its own stderr is
-# /dev/null (only the command's goes to the log): its "Terminated" notices stay out of the log.
+# It first waits for end-of-file on fd 3, the read end of a pipe whose write end the submitting
+# process closes once it started every replica (or dies): the wrappers' start-up work does not
+# compete for the CPU with the submit loop. It opens the log files itself (so the submit path
+# creates no files) and the app's exits file (kept open on fd 4, in append mode), changes to CWD
+# (if not empty), and appends "G CODE" to the exits file when the command ended, in one write.
+# Trapping TERM/INT/HUP keeps it alive to do so while the command gets the default dispositions
+# (traps are reset on exec). Its own stderr is /dev/null (only the command's goes to the log):
+# its "Terminated" notices stay out of the log.
 _WRAPPER = (
-    'trap : TERM INT HUP; exec >>"$1" 4>>"$0"; e=$2; g=$3;'
+    'trap : TERM INT HUP; read _ <&3; exec 3<&- >>"$1" 4>>"$0"; e=$2; g=$3;'
     ' if [ -n "$4" ]; then cd -- "$4" 2>>"$e" || { echo "$g 126" >&4; exit 126; }; fi; shift 4;'
     ' (exec "$@" 2>>"$e" 4>&-); echo "$g $?" >&4'
 )
@@ -530,6 +533,48 @@ _BG = _Background()
 atexit.register(_BG.flush)
 os.register_at_fork(after_in_child=_BG.after_fork)
 
+# Write ends of the start gates (see _WRAPPER) of submits in progress. A child forked meanwhile
+# (without exec) must not keep one open, or the replicas would wait for that child to exit.
+_GATES: set[int] = set()
+_GATES_LOCK = threading.Lock()
+
+
+def _open_gate() -> tuple[int, int]:
+    """A start gate: ``(read end, write end)``, both close-on-exec."""
+    with _GATES_LOCK:  # a fork waits: the write end is in _GATES before any child can see it
+        r, w = os.pipe2(os.O_CLOEXEC)
+        _GATES.add(w)
+    if r == 3:  # fd 3 is where the replicas get it: never dup2'ed onto itself (stays cloexec)
+        r2 = os.dup(r)  # non-inheritable
+        os.close(r)
+        r = r2
+    return r, w
+
+
+def _release_gate(r: int, w: int) -> None:
+    with _GATES_LOCK:
+        _GATES.discard(w)
+        os.close(w)  # end-of-file: every replica goes on
+    os.close(r)
+
+
+def _gates_after_fork_in_child() -> None:
+    global _GATES_LOCK
+    _GATES_LOCK = threading.Lock()
+    for fd in _GATES:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _GATES.clear()
+
+
+os.register_at_fork(
+    before=lambda: _GATES_LOCK.acquire(),
+    after_in_parent=lambda: _GATES_LOCK.release(),
+    after_in_child=_gates_after_fork_in_child,
+)
+
 
 def _start_collection(app_dir: str, grace: float) -> None:
     """Collects the logs of an app that already ended in this process, else starts its
@@ -930,37 +975,43 @@ class LocalScheduler(Scheduler[PopenRequest]):
                             _check_log_dir(d, d == app_dir)
                             checked.add(d)
             g = 0
-            for role_index, (role_name, params) in enumerate(request.role_params.items()):
-                for k, param in enumerate(params):
-                    out, err, comb = paths[g]
-                    cwd = param.cwd if param.cwd and param.cwd != here else ""
-                    spawned = time.time()
-                    # its own process group (not session: setsid(2) is slow where the kernel's
-                    # autogroups are on); what leaves the group is found by MARKER_ENV.
-                    # posix_spawn: cheaper than Popen; close-on-exec keeps our fds out of it.
-                    pid = os.posix_spawn(
-                        _SH,
-                        [_SH, "-c", _WRAPPER, exits, out, err, str(g), cwd, *param.args],
-                        {**base_env, **param.env},
-                        file_actions=devnull,
-                        setpgroup=0,
-                        setsigdef=_SIGDEF,
-                        setsigmask=(),
-                    )
-                    started.append((pid, spawned))
-                    replicas.append(
-                        {
-                            "role": role_name,
-                            "ri": role_index,
-                            "k": k,
-                            "pid": pid,
-                            "t": spawned,
-                            "out": out,
-                            "err": err,
-                            "comb": comb,
-                        }
-                    )
-                    g += 1
+            gate_r, gate_w = _open_gate()  # fd 3 of the replicas (see _WRAPPER)
+            actions = [*devnull, (os.POSIX_SPAWN_DUP2, gate_r, 3)]
+            try:
+                for role_index, (role_name, params) in enumerate(request.role_params.items()):
+                    for k, param in enumerate(params):
+                        out, err, comb = paths[g]
+                        cwd = param.cwd if param.cwd and param.cwd != here else ""
+                        spawned = time.time()
+                        # its own process group (not session: setsid(2) is slow where the
+                        # kernel's autogroups are on); what leaves the group is found by
+                        # MARKER_ENV. posix_spawn: cheaper than Popen; close-on-exec keeps our
+                        # fds out of it.
+                        pid = os.posix_spawn(
+                            _SH,
+                            [_SH, "-c", _WRAPPER, exits, out, err, str(g), cwd, *param.args],
+                            {**base_env, **param.env},
+                            file_actions=actions,
+                            setpgroup=0,
+                            setsigdef=_SIGDEF,
+                            setsigmask=(),
+                        )
+                        started.append((pid, spawned))
+                        replicas.append(
+                            {
+                                "role": role_name,
+                                "ri": role_index,
+                                "k": k,
+                                "pid": pid,
+                                "t": spawned,
+                                "out": out,
+                                "err": err,
+                                "comb": comb,
+                            }
+                        )
+                        g += 1
+            finally:
+                _release_gate(gate_r, gate_w)
             summary = {
                 "v": 1,
                 "app_id": app_id,

@@ -675,3 +675,40 @@ def test_signal_handler_chained_back_to_itself_does_not_recurse() -> None:
         second.close()
         first.close()
         signal.signal(signal.SIGTERM, before)
+
+
+def test_start_gate_is_not_held_by_a_forked_child() -> None:
+    # replicas wait for end-of-file on the gate: a child forked meanwhile must not keep the
+    # write end open (it would hold every replica of the submit until it exits)
+    from core.schedulers import local_scheduler as ls
+
+    r, w = ls._open_gate()
+    try:
+        assert r != 3
+        pid = os.fork()
+        if pid == 0:  # the child: is the write end still open here?
+            try:
+                os.fstat(w)
+                os._exit(1)
+            except OSError:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        ls._release_gate(r, w)
+    assert w not in ls._GATES
+
+
+def test_replicas_start_once_every_replica_was_spawned(sched: LocalScheduler) -> None:
+    # the gate opens after the spawn loop: no replica's command starts before the last
+    # wrapper was spawned, and every one of them runs
+    from core.schedulers import _local_runtime as rt
+
+    app = AppDef("gate", [Role("r", entrypoint="sh", args=["-c", "date +%s.%N"], num_replicas=16)])
+    app_id = sched.submit(app, {})
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    summary = rt.load_summary(os.path.join(rt.apps_root(), app_id))
+    assert summary is not None
+    last_spawn = max(float(r["t"]) for r in summary["replicas"])
+    starts = [float("".join(sched.log_iter(app_id, "r", k)).strip()) for k in range(16)]
+    assert min(starts) >= last_spawn
