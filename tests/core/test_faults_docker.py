@@ -11,6 +11,7 @@ configurations: the default one (the engine stops running containers when it sto
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -49,7 +50,8 @@ class PrivateDockerd:
         self.root = root
         self.sock = f"unix://{root}/d.sock"
         self.pidfile = root / "d.pid"
-        ns = f"shipyard-fault-{os.getpid()}-{root.name}"
+        # containerd namespaces allow single separators only; mkdtemp names may have "-_"
+        ns = f"shipyard-fault-{os.getpid()}-{re.sub('[^A-Za-z0-9]', '', root.name)}"
         # Own network namespace: this dockerd's bridge must not replace the host engine's docker0
         # (`--bridge=none` deletes it). unshare execs dockerd, so self.proc is dockerd itself.
         self.cmd = [
