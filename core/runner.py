@@ -188,9 +188,10 @@ class Runner:
     ) -> AppDryRunInfo[Any]:
         """The request that :meth:`run` would submit (``str()`` of it is printable)."""
         sched = self._scheduler(scheduler)
+        if not workspace:
+            return sched.submit_dryrun(app, cfg)  # (it resolves cfg itself)
         resolved = sched.run_opts().resolve(cfg)
-        if workspace:
-            app = sched._apply_workspace(app, workspace, resolved)
+        app = sched._apply_workspace(app, workspace, resolved)
         return sched.submit_dryrun(app, resolved)
 
     def schedule(self, dryrun_info: AppDryRunInfo[Any]) -> AppHandle:
