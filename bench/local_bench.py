@@ -126,7 +126,7 @@ def run(ctx: Ctx) -> list[Row]:
             fill(
                 row,
                 interleave(
-                    {"shipyard": shipyard, "raw": raw}, ctx.runs * (2 if n < 32 else 1), warmup=2
+                    {"shipyard": shipyard, "raw": raw}, ctx.runs * {1: 4, 8: 2}.get(n, 1), warmup=2
                 ),
             )
 
