@@ -16,6 +16,7 @@ Exit codes: 0 success, 1 the app did not succeed (or is unknown), 2 bad input, 1
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import re
@@ -324,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``shipyard`` command; returns the exit code."""
+    """Runs the ``shipyard`` command line ``argv`` (default: ``sys.argv[1:]``); returns the exit
+    code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # everything after the first `--` is the inline command of `run`
     command: list[str] = []
@@ -362,5 +364,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_APP_FAILED
 
 
+def console_main() -> None:
+    """The ``shipyard`` console script: :func:`main`, then exit with its code."""
+    code = main()
+    # The process ends next: spare the interpreter's teardown another scan of every object by
+    # the cycle collector (~10 ms of a ~100 ms command).
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -15,7 +15,8 @@ if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
     fi
 fi
 
-stamp=.venv/.shipyard-installed
+# (v2: built with hatchling since 2026-11)
+stamp=.venv/.shipyard-installed-v2
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi

@@ -74,26 +74,52 @@ def _load_target(target: str) -> Any:
     return obj
 
 
-def _fingerprint() -> list[Any]:
-    """What the installed entry points depend on: every ``sys.path`` directory (its mtime
-    changes when a distribution is installed or removed) and the mtime of every
-    distribution's ``entry_points.txt`` (changed in place by a reinstall). ~2 ms."""
-    parts: list[Any] = [sys.prefix]
+def _path_dirs() -> list[list[Any]]:
+    """``[dir, mtime]`` of every ``sys.path`` entry: a directory's mtime changes when a
+    distribution is installed into it, removed or reinstalled (installers recreate the
+    ``*.dist-info`` directory)."""
+    parts: list[list[Any]] = []
     for entry in sys.path:
         path = os.path.abspath(entry or os.curdir)
         try:
             parts.append([path, os.stat(path).st_mtime_ns])
-            it = os.scandir(path)
-        except OSError:  # missing, or a zip file (its mtime is in the key)
+        except OSError:
             continue
-        with it:
-            names = sorted(e.name for e in it if e.name.endswith((".dist-info", ".egg-info")))
+    return parts
+
+
+def _declaring_files() -> list[list[Any]]:
+    """``[file, mtime]`` of each ``entry_points.txt`` on ``sys.path`` that declares the group
+    (an in-place edit of one changes no directory's mtime)."""
+    marker = f"[{ENTRY_POINT_GROUP}]"
+    found: list[list[Any]] = []
+    for path, _ in _path_dirs():
+        try:
+            with os.scandir(path) as it:
+                names = [e.name for e in it if e.name.endswith((".dist-info", ".egg-info"))]
+        except OSError:
+            continue
         for name in names:
+            file = os.path.join(path, name, "entry_points.txt")
             try:
-                mtime = os.stat(os.path.join(path, name, "entry_points.txt")).st_mtime_ns
+                with open(file, encoding="utf-8", errors="replace") as f:
+                    if marker not in f.read():
+                        continue
+                found.append([file, os.stat(file).st_mtime_ns])
             except OSError:
                 continue
-            parts.append([name, mtime])
+    return found
+
+
+def _fingerprint(files: list[list[Any]]) -> list[Any]:
+    """What the cached entry points depend on: the interpreter, the ``sys.path`` directories
+    and the files that declared the group when they were read. ~0.1 ms."""
+    parts: list[Any] = [sys.prefix, *_path_dirs()]
+    for file, _ in files:
+        try:
+            parts.append([file, os.stat(file).st_mtime_ns])
+        except OSError:
+            parts.append([file, None])
     return parts
 
 
@@ -115,19 +141,22 @@ def _entry_points() -> list[tuple[str, str]]:
     Reading them with importlib.metadata costs ~80 ms of CPU (its imports, then the metadata of
     every installed distribution), more than the rest of a ``shipyard`` command; the result is
     cached (``~/.cache/shipyard``) under a :func:`_fingerprint` of what it was read from, so an
-    installed, removed or reinstalled distribution is seen at once.
+    installed, removed or reinstalled distribution, or an edited ``entry_points.txt`` that
+    declared the group, is seen at once. (A distribution whose metadata is edited in place to
+    declare the group for the first time, without a reinstall, is seen after the next install.)
     """
-    key = _fingerprint()
     path = _cache_file()
     entries: list[Any] = []
     try:
         with open(path, encoding="utf-8") as f:
             entries = list(json.load(f)["entries"])
         for entry in entries:
-            if entry["key"] == key:
+            if entry["key"] == _fingerprint(entry["files"]):
                 return [(str(n), str(t)) for n, t in entry["entry_points"]]
     except (OSError, ValueError, KeyError, TypeError):
         entries = []
+    files = _declaring_files()
+    key = _fingerprint(files)
     from importlib.metadata import entry_points
 
     found = [(ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP)]
@@ -135,7 +164,7 @@ def _entry_points() -> list[tuple[str, str]]:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            new = {"key": key, "entry_points": found}
+            new = {"key": key, "files": files, "entry_points": found}
             json.dump({"entries": [new, *entries][:_CACHED_KEYS]}, f)
         os.replace(tmp, path)
     except OSError:
