@@ -190,7 +190,7 @@ class Runner:
         sched = self._scheduler(scheduler)
         if not workspace:
             return sched.submit_dryrun(app, cfg)  # (it resolves cfg itself)
-        resolved = sched.run_opts().resolve(cfg)
+        resolved = sched._resolve_cfg(cfg)
         app = sched._apply_workspace(app, workspace, resolved)
         return sched.submit_dryrun(app, resolved)
 

@@ -679,6 +679,7 @@ class runopts:  # noqa: N801 - name fixed by the specification
 
     def __init__(self) -> None:
         self._opts: dict[str, runopt] = {}
+        self._defaults: dict[str, CfgVal] | None = None  # resolve({}), kept: it is every submit's
 
     def add(
         self,
@@ -694,10 +695,12 @@ class runopts:  # noqa: N801 - name fixed by the specification
         if default is not None and not self._is_type(default, type_):
             raise TypeError(f"runopts.add({cfg_key!r}): default {default!r} is not of type {type_}")
         self._opts[cfg_key] = runopt(default, type_, required, help)
+        self._defaults = None
 
     def update(self, other: runopts) -> None:
         """Adds every option of ``other``."""
         self._opts.update(other._opts)
+        self._defaults = None
 
     def get(self, name: str) -> runopt | None:
         """The option called ``name``, or None."""
@@ -765,7 +768,17 @@ class runopts:  # noqa: N801 - name fixed by the specification
             ValueError: for an unknown key (listing the valid ones), a value of the wrong type, or
                 a missing required option.
         """
-        cfg = dict(cfg or {})
+        if not cfg:
+            if self._defaults is None:
+                self._defaults = self._resolve({})
+            return {
+                k: copy.deepcopy(v) if isinstance(v, list | dict) else v
+                for k, v in self._defaults.items()
+            }
+        return self._resolve(cfg)
+
+    def _resolve(self, cfg: Mapping[str, CfgVal]) -> dict[str, CfgVal]:
+        cfg = dict(cfg)
         unknown = sorted(str(k) for k in cfg if k not in self._opts)
         if unknown:
             raise ValueError(

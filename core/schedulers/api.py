@@ -109,7 +109,7 @@ class Scheduler(abc.ABC, Generic[T]):
 
         Mostly used for tests: users should prefer :class:`core.runner.Runner`.
         """
-        resolved = self.run_opts().resolve(cfg)
+        resolved = self._resolve_cfg(cfg)
         if workspace:
             app = self._apply_workspace(app, workspace, resolved)
         dryrun_info = self.submit_dryrun(app, resolved)
@@ -141,7 +141,7 @@ class Scheduler(abc.ABC, Generic[T]):
 
         The app and cfg are validated first; errors name the bad field.
         """
-        resolved = self.run_opts().resolve(cfg)
+        resolved = self._resolve_cfg(cfg)
         validate_app(app)
         self._validate(app, self.backend, resolved)
         dryrun_info = self._submit_dryrun(app, resolved)
@@ -158,6 +158,13 @@ class Scheduler(abc.ABC, Generic[T]):
     def run_opts(self) -> runopts:
         """The run options this scheduler takes: a ``--help`` for its cfg."""
         return self._run_opts()
+
+    def _resolve_cfg(self, cfg: Mapping[str, CfgVal] | None) -> dict[str, CfgVal]:
+        """``run_opts().resolve(cfg)``, with the options built once per scheduler."""
+        opts: runopts | None = self.__dict__.get("_cfg_opts")
+        if opts is None:
+            opts = self.__dict__["_cfg_opts"] = self.run_opts()
+        return opts.resolve(cfg)
 
     def _run_opts(self) -> runopts:
         return runopts()

@@ -44,7 +44,7 @@ from __future__ import annotations
 import abc
 import atexit
 import collections
-import dataclasses
+import copy
 import itertools
 import json
 import logging
@@ -390,12 +390,18 @@ class _Background:
         """Reaps the child of ``proc`` (through ``proc.poll``) when it exits."""
         self._put(("watch", (proc.pid, None, -1, proc)))
 
-    def launch(self, app_dir: str, grace: float, sched: LocalScheduler | None = None) -> None:
-        """Sees to the log collection of a just submitted app."""
+    def submitted(
+        self, app_dir: str, pids: list[int], grace: float, sched: LocalScheduler | None = None
+    ) -> None:
+        """Reaps the replica wrappers ``pids`` (replica ``g`` is ``pids[g]``) of a just submitted
+        app and sees to its log collection: one hand-over (a submit wakes the thread at most
+        once, after its own work)."""
         with self._lock:
             self._pending += 1
             if sched is not None:
                 self._evict.add(sched)
+        for g, pid in enumerate(pids):
+            self._q.append(("watch", (pid, app_dir, g, None)))
         self._put(("launch", (time.monotonic() + _COLLECTOR_DELAY, app_dir, grace)))
 
     def flush(self, timeout: float = 10.0) -> None:
@@ -946,12 +952,15 @@ class LocalScheduler(Scheduler[PopenRequest]):
         _check_app_id(app_id)
         app_dir = os.path.join(rt.apps_root(), app_id)
         try:
-            os.mkdir(app_dir, 0o700)
-        except FileNotFoundError:
-            os.makedirs(rt.apps_root(), exist_ok=True)
-            os.mkdir(app_dir, 0o700)
+            try:
+                os.mkdir(app_dir, 0o700)
+            except FileNotFoundError:
+                os.makedirs(rt.apps_root(), exist_ok=True)
+                os.mkdir(app_dir, 0o700)
         except FileExistsError:
             raise ValueError(f"app_id: {app_id} was already submitted") from None
+        except OSError as e:
+            raise ValueError(f"state directory: cannot create {app_dir}: {e.strerror or e}") from e
         base_env = _environ_bytes()
         if self._devnull < 0:
             self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -965,15 +974,17 @@ class LocalScheduler(Scheduler[PopenRequest]):
         try:
             # every log file's directory must be usable before anything starts
             paths: list[tuple[str, str, str]] = []
-            checked: set[str] = set()
+            cwds_ok = {here}
+            # (the state directory was just made: it is writable and its file system not full)
+            checked = {app_dir}
             for i, (role_name, params) in enumerate(request.role_params.items()):
                 for k, param in enumerate(params):
-                    if param.cwd and param.cwd not in checked:
+                    if param.cwd and param.cwd not in cwds_ok:
                         if not os.path.isdir(param.cwd):
                             raise ValueError(
                                 f"roles[{i}]: working directory {param.cwd!r} does not exist"
                             )
-                        checked.add(param.cwd)
+                        cwds_ok.add(param.cwd)
                     base = os.path.join(request.role_log_dirs[role_name][k], f"{role_name}.{k}")
                     out = param.stdout or f"{base}.stdout.log"
                     err = param.stderr or f"{base}.stderr.log"
@@ -981,7 +992,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                     paths.append((out, err, comb))
                     for d in {os.path.dirname(out), os.path.dirname(err), os.path.dirname(comb)}:
                         if d not in checked:
-                            _check_log_dir(d, d == app_dir)
+                            _check_log_dir(d)
                             checked.add(d)
             g = 0
             gate_r, gate_w = _open_gate()  # fd 3 of the replicas (see _WRAPPER)
@@ -1019,28 +1030,44 @@ class LocalScheduler(Scheduler[PopenRequest]):
                             }
                         )
                         g += 1
+                summary = {
+                    "v": 1,
+                    "app_id": app_id,
+                    "name": request.app_name or app_id.rsplit("-", 1)[0],
+                    "backend": request.backend,
+                    "session": request.session_name,
+                    "submit_time": time.time(),
+                    "key": request.metadata.get(IDEMPOTENCY_KEY),
+                    "host": _HOSTNAME,
+                    "log_dir": request.log_dir,
+                    "roles": [_role_to_json(r) for r in request.roles]
+                    or [
+                        {"name": name, "num_replicas": len(params)}
+                        for name, params in request.role_params.items()
+                    ],
+                    "replicas": replicas,
+                }
+                # recorded before the replicas go on (one exclusive create: readers take a
+                # half-written file for a missing one), so that no user command runs unrecorded
+                try:
+                    created = rt.create_exclusive(
+                        os.path.join(app_dir, rt.APP_FILE), json.dumps(summary)
+                    )
+                except OSError as e:
+                    raise ValueError(
+                        f"state directory: cannot write {app_dir}: {e.strerror or e}"
+                    ) from e
+                if not created:
+                    raise ValueError(f"app_id: {app_id} was already submitted")
+            except BaseException:
+                for pid, _ in started:  # still at the gate: none ran its command yet
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                raise
             finally:
                 _release_gate(gate_r, gate_w)
-            summary = {
-                "v": 1,
-                "app_id": app_id,
-                "name": request.app_name or app_id.rsplit("-", 1)[0],
-                "backend": request.backend,
-                "session": request.session_name,
-                "submit_time": time.time(),
-                "key": request.metadata.get(IDEMPOTENCY_KEY),
-                "host": _HOSTNAME,
-                "log_dir": request.log_dir,
-                "roles": [_role_to_json(r) for r in request.roles]
-                or [
-                    {"name": name, "num_replicas": len(params)}
-                    for name, params in request.role_params.items()
-                ],
-                "replicas": replicas,
-            }
-            # one exclusive create (readers take a half-written file for a missing one)
-            if not rt.create_exclusive(os.path.join(app_dir, rt.APP_FILE), json.dumps(summary)):
-                raise ValueError(f"app_id: {app_id} was already submitted")
         except BaseException:
             # a failure half-way (or a signal): nothing that was started may be left behind
             partial = {"replicas": [{"pid": p, "t": t} for p, t in started]}
@@ -1051,17 +1078,17 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 self._inflight.pop(app_id, None)
             shutil.rmtree(app_dir, ignore_errors=True)
             raise
-        for g, (pid, _) in enumerate(started):
-            _BG.watch(pid, app_dir, g)
-        key = request.metadata.get(IDEMPOTENCY_KEY)
-        if key:
-            _write_key(key, app_id)
-        with self._lock:
-            self._inflight.pop(app_id, None)
-            self._launched[app_id] = app_dir
-            self._own[app_id] = app_dir
-            self._remember(app_id, summary)
-        _BG.launch(app_dir, self._grace, self)
+        try:
+            key = request.metadata.get(IDEMPOTENCY_KEY)
+            if key:
+                _write_key(key, app_id)
+        finally:  # the app runs: it is tracked, even if its key could not be written
+            with self._lock:
+                self._inflight.pop(app_id, None)
+                self._launched[app_id] = app_dir
+                self._own[app_id] = app_dir
+                self._remember(app_id, summary)
+            _BG.submitted(app_dir, [pid for pid, _ in started], self._grace, self)
         return app_id
 
     # -- state -------------------------------------------------------------------------------
@@ -1413,19 +1440,17 @@ def _apply_macros(role: Role, img_root: str, app_id: str, k: int) -> Role:
     def sub(text: str) -> str:
         return values.substitute(text) if "$" in text else text
 
-    return dataclasses.replace(
-        role,
-        args=[sub(a) for a in role.args],
-        env={key: sub(v) for key, v in role.env.items()},
-    )
+    replica = copy.copy(role)  # (not dataclasses.replace: no __init__ checks again per replica)
+    replica.args = [sub(a) for a in role.args]
+    replica.env = {key: sub(v) for key, v in role.env.items()}
+    return replica
 
 
-def _check_log_dir(path: str, is_state: bool) -> None:
+def _check_log_dir(path: str) -> None:
     """Creates ``path`` if needed and checks that log files can be written there."""
-    what = "state directory" if is_state else "cfg.log_dir"
+    what = "cfg.log_dir"
     try:
-        if not is_state:  # (the app's state directory was just made)
-            os.makedirs(path, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
         st = os.statvfs(path)
     except OSError as e:
         raise ValueError(f"{what}: cannot create {path}: {e.strerror or e}") from e

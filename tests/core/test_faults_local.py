@@ -335,6 +335,52 @@ def test_full_log_dir_is_a_clear_error_and_nothing_starts(
     _submit_expecting_clear_error(runner, tmp_path, str(tiny_tmpfs / "logs"), "tok-full-5d07")
 
 
+def _state_dir_on(
+    tiny_tmpfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:  # the local apps' state under the tiny file system
+    state = tiny_tmpfs / "state"
+    (state / "local").mkdir(parents=True)
+    monkeypatch.setenv("SHIPYARD_STATE_DIR", str(state))
+    return state
+
+
+def _submit_expecting_state_dir_error(
+    runner: Runner, tmp_path: Path, token: str, what: str
+) -> None:
+    before = {a.app_id for a in runner.list("local_cwd")}
+    with pytest.raises(ValueError, match=rf"^state directory: cannot {what} "):
+        runner.run(_canary_app(tmp_path, token), "local_cwd")
+    # the replicas may have been spawned, but never past their start gate
+    wait_for(lambda: not procs_with(token), what="gated replicas to be killed")
+    _assert_nothing_started(tmp_path, token, runner, before)
+
+
+def test_read_only_state_dir_is_a_clear_error_and_nothing_starts(
+    tmp_path: Path, runner: Runner, tiny_tmpfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _state_dir_on(tiny_tmpfs, monkeypatch)
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
+    _submit_expecting_state_dir_error(runner, tmp_path, "tok-rostate-4b21", "create")
+
+
+def test_full_state_dir_is_a_clear_error_and_nothing_starts(
+    tmp_path: Path, runner: Runner, tiny_tmpfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app's directory can still be made (a tmpfs directory takes no data pages) but its
+    record cannot be written: the replicas, spawned and waiting at their gate, are killed."""
+    state = _state_dir_on(tiny_tmpfs, monkeypatch)
+    fd = os.open(tiny_tmpfs / "fill", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    _submit_expecting_state_dir_error(runner, tmp_path, "tok-fullstate-9c3e", "write")
+    assert list((state / "local").iterdir()) == [], "the rejected app left its directory"
+
+
 def test_failure_while_starting_replicas_leaves_nothing_half_started(
     tmp_path: Path, runner: Runner
 ) -> None:
