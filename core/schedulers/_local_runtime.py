@@ -66,20 +66,38 @@ _HAVE_PROC = os.path.isdir("/proc/self")
 # --------------------------------------------------------------------------------------------
 
 
-def state_root() -> str:
-    """``$SHIPYARD_STATE_DIR`` else ``$XDG_STATE_HOME/shipyard`` else ``~/.local/state/shipyard``."""
+def _state_root_as_set() -> str:
     root = os.environ.get(STATE_DIR_ENV)
     if not root:
         xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(
             os.path.expanduser("~"), ".local", "state"
         )
         root = os.path.join(xdg, "shipyard")
-    return os.path.abspath(root)
+    return root
+
+
+def state_root() -> str:
+    """``$SHIPYARD_STATE_DIR`` else ``$XDG_STATE_HOME/shipyard`` else ``~/.local/state/shipyard``."""
+    return os.path.abspath(_state_root_as_set())
+
+
+# the last apps_root() answer, for the environment it came from: (variables, answer)
+_APPS_ROOT: dict[tuple[str | None, ...], str] = {}
 
 
 def apps_root() -> str:
     """The directory holding one sub-directory per local app."""
-    return os.path.join(state_root(), "local")
+    env = os.environ  # (looked up on every submit and describe: keep the last answer)
+    key = (env.get(STATE_DIR_ENV), env.get("XDG_STATE_HOME"), env.get("HOME"))
+    found = _APPS_ROOT.get(key)
+    if found is not None:
+        return found
+    root = _state_root_as_set()
+    answer = os.path.join(os.path.abspath(root), "local")
+    _APPS_ROOT.clear()
+    if os.path.isabs(root):  # (a relative one depends on the working directory)
+        _APPS_ROOT[key] = answer
+    return answer
 
 
 def write_atomic(path: str, data: str | bytes) -> None:
@@ -501,7 +519,7 @@ def _record_killed(
         return
     pids = {pid for pid, _ in killed}
     leaders = replica_leaders(summary)
-    wait_exits(leaders, [g for g, (pid, _) in enumerate(leaders) if pid in pids], 1.0)
+    wait_exits(leaders, [g for g, (pid, _) in enumerate(leaders) if pid in pids], 1.0, app_dir)
     for g, (pid, t) in enumerate(leaders):
         if pid in pids and not is_alive(pid, t):
             record_exit(app_dir, g, -signal.SIGKILL)
@@ -529,9 +547,12 @@ def open_pidfds(leaders: Iterable[tuple[int, float]]) -> dict[int, int] | None:
     return fds
 
 
-def _wait_fds(fds: dict[int, int], timeout: float) -> list[int]:
+def _wait_fds(fds: dict[int, int], timeout: float, app_dir: str | None = None) -> list[int]:
     """Waits up to ``timeout`` s for the pidfds to become readable (their processes exited);
-    returns the values of those still running. Closes every fd."""
+    returns the values of those still running. Closes every fd.
+
+    With ``app_dir``, the values are replica indices: a wrapper this process reaps that was
+    killed by a signal (so it could not record an exit code) gets it recorded."""
     import select
 
     try:
@@ -546,31 +567,41 @@ def _wait_fds(fds: dict[int, int], timeout: float) -> list[int]:
                 break
             for fd, _ in poller.poll(left * 1000):
                 poller.unregister(fd)
-                waiting.pop(fd, None)
-                _reap_if_child(fd)
+                g = waiting.pop(fd, None)
+                killed_by = _reap_if_child(fd)
+                if killed_by and app_dir is not None and g is not None:
+                    record_exit(app_dir, g, -killed_by)
         return sorted(waiting.values())
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def _reap_if_child(pidfd: int) -> None:
+def _reap_if_child(pidfd: int) -> int:
     """Reaps the exited process of ``pidfd`` if it is a child of this process (the process that
-    submitted an app): its zombie would keep its process group alive a while longer."""
+    submitted an app): its zombie would keep its process group alive a while longer. Returns
+    the signal that killed it (0: none, or not a child of this process)."""
     try:
-        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)  # type: ignore[attr-defined]
+        res = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)  # type: ignore[attr-defined]
     except (ChildProcessError, OSError, AttributeError):
-        pass
+        return 0
+    if res is not None and res.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return int(res.si_status)
+    return 0
 
 
 def wait_exits(
-    leaders: Sequence[tuple[int, float]], indices: Iterable[int], timeout: float
+    leaders: Sequence[tuple[int, float]],
+    indices: Iterable[int],
+    timeout: float,
+    app_dir: str | None = None,
 ) -> list[int]:
-    """Waits up to ``timeout`` s for the given leaders to exit; returns those still running."""
+    """Waits up to ``timeout`` s for the given leaders to exit; returns those still running
+    (``app_dir``: see :func:`_wait_fds`)."""
     chosen = list(indices)
     fds = open_pidfds([leaders[i] for i in chosen])
     if fds is not None:
-        return _wait_fds({fd: chosen[j] for fd, j in fds.items()}, timeout)
+        return _wait_fds({fd: chosen[j] for fd, j in fds.items()}, timeout, app_dir)
     pending = [i for i in chosen if is_alive(*leaders[i])]
     deadline = time.monotonic() + max(timeout, 0.0)
     delay = 0.0005
@@ -601,12 +632,12 @@ def terminate(
     fds = open_pidfds(targets)  # each checked to be the right process, once
     if fds is None:
         signal_groups(targets, signal.SIGTERM)
-        left = wait_exits(leaders, chosen, grace)
+        left = wait_exits(leaders, chosen, grace, app_dir)
     else:
         running = {fd: chosen[j] for fd, j in fds.items()}
         for g in running.values():  # all groups at once, then wait for all
             _signal_group(leaders[g][0], signal.SIGTERM)
-        left = _wait_fds(running, grace)
+        left = _wait_fds(running, grace, app_dir)
     if left:
         killed = signal_groups([leaders[g] for g in left], signal.SIGKILL)
         _record_killed(app_dir, summary, killed)

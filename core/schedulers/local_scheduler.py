@@ -44,7 +44,6 @@ from __future__ import annotations
 import abc
 import atexit
 import collections
-import copy
 import itertools
 import json
 import logging
@@ -124,12 +123,23 @@ RANK0_ENV = "SHIPYARD_RANK0_HOST"
 # creates no files) and the app's exits file (kept open on fd 4, in append mode), changes to CWD
 # (if not empty), and appends "G CODE" to the exits file when the command ended, in one write.
 # Trapping TERM/INT/HUP keeps it alive to do so while the command gets the default dispositions
-# (traps are reset on exec). Its own stderr is /dev/null (only the command's goes to the log):
-# its "Terminated" notices stay out of the log.
+# (the subshell resets them). A signal can reach the group before the command's process exists
+# (a cancel right after submit): the wrapper only notes it, and the subshell, forked in that
+# moment, would miss it. So the subshell starts the command only if no signal was noted and
+# neither the app's cancel nor its gang-failure marker exists: a canceller writes the marker
+# before signalling, so a subshell that checked before it was written already gets the signal.
+# Its own stderr is /dev/null (only the command's goes to the log): its "Terminated" notices
+# stay out of the log.
 _WRAPPER = (
-    'trap : TERM INT HUP; read _ <&3; exec 3<&- >>"$1" 4>>"$0"; e=$2; g=$3;'
-    ' if [ -n "$4" ]; then cd -- "$4" 2>>"$e" || { echo "$g 126" >&4; exit 126; }; fi; shift 4;'
-    ' (exec "$@" 2>>"$e" 4>&-); echo "$g $?" >&4'
+    (
+        "trap 'c=129' HUP; trap 'c=130' INT; trap 'c=143' TERM;"
+        ' read _ <&3; exec 3<&- >>"$1" 4>>"$0"; e=$2; g=$3; d=${0%/*};'
+        ' if [ -n "$4" ]; then cd -- "$4" 2>>"$e" || { echo "$g 126" >&4; exit 126; }; fi; shift 4;'
+        ' (trap - HUP INT TERM; [ -z "$c" ] && [ ! -e "$d/CANCELLED" ] && [ ! -e "$d/GANG" ] ||'
+        ' exit "${c:-143}"; exec "$@" 2>>"$e" 4>&-); echo "$g $?" >&4'
+    )
+    .replace("CANCELLED", rt.CANCELLED)
+    .replace("GANG", rt.GANG)
 )
 # Replicas start with every signal at its default disposition, as a fresh process: ignored
 # signals would be inherited (Python ignores SIGPIPE, a terminal job may ignore SIGINT) and a
@@ -142,6 +152,8 @@ _SH = "/bin/sh"
 
 _APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
+# byte -> suffix character, for bytes.translate (one C call per app id)
+_SUFFIX_TABLE = bytes(ord(_SUFFIX_ALPHABET[b % len(_SUFFIX_ALPHABET)]) for b in range(256))
 _HOSTNAME = "localhost"
 _MAX_PIDFDS = 256  # per scheduler: pidfds kept to check running replicas cheaply
 _WHICH: dict[tuple[str, str, str], str] = {}  # (command, PATH, cwd) -> its absolute path
@@ -804,8 +816,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
     def _new_app_id(self, name: str) -> str:
         # one call for the whole suffix (what secrets.token_bytes does; importing secrets
         # costs ~10 ms of hmac/hashlib/random imports per CLI start)
-        raw = os.urandom(10)
-        suffix = "".join(_SUFFIX_ALPHABET[b % len(_SUFFIX_ALPHABET)] for b in raw)
+        suffix = os.urandom(10).translate(_SUFFIX_TABLE).decode("ascii")
         return f"{name}-{suffix}"
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[PopenRequest]:
@@ -1440,7 +1451,9 @@ def _apply_macros(role: Role, img_root: str, app_id: str, k: int) -> Role:
     def sub(text: str) -> str:
         return values.substitute(text) if "$" in text else text
 
-    replica = copy.copy(role)  # (not dataclasses.replace: no __init__ checks again per replica)
+    # a shallow copy (not dataclasses.replace: no __init__ checks again per replica)
+    replica = object.__new__(type(role))
+    replica.__dict__.update(role.__dict__)
     replica.args = [sub(a) for a in role.args]
     replica.env = {key: sub(v) for key, v in role.env.items()}
     return replica

@@ -478,6 +478,24 @@ def test_cancel(sched: LocalScheduler) -> None:
     assert sched.describe(app_id).state == AppState.CANCELLED  # type: ignore[union-attr]
 
 
+def test_cancel_right_after_submit_is_never_missed() -> None:
+    """A cancel that comes while the replicas' wrappers are still starting: each command either
+    never starts or gets the SIGTERM (it may have started just before the cancel). A missed
+    signal would leave it running until the SIGKILL after the grace period, recorded as -9."""
+    s = create_cwd_scheduler("instant-cancel", grace=3.0)
+    try:
+        app = AppDef("instant", [Role("r", entrypoint="sleep", args=["60"], num_replicas=2)])
+        for _ in range(60):
+            app_id = s.submit(app, {})
+            s.cancel(app_id)
+            desc = s.describe(app_id)
+            assert desc is not None and desc.state == AppState.CANCELLED
+            # every replica's end is known right away, and it was the SIGTERM
+            assert [r.exit_code for r in desc.roles_statuses[0].replicas] == [-15, -15], app_id
+    finally:
+        s.close()
+
+
 def test_cancel_escalates_to_sigkill(tmp_path: Path) -> None:
     s = create_cwd_scheduler("kill", grace=0.5)
     try:
