@@ -293,12 +293,15 @@ class CWDImageProvider(ImageProvider):
 
     def __init__(self, cfg: LocalOpts) -> None:
         self._cfg = cfg
+        self._cwd: str | None = None  # (one provider per submit: one getcwd)
 
     def fetch(self, image: str) -> str:
-        return os.getcwd()
+        if self._cwd is None:
+            self._cwd = os.getcwd()
+        return self._cwd
 
     def get_cwd(self, image: str) -> str | None:
-        return os.getcwd()
+        return self.fetch(image)
 
     def get_entrypoint(self, img_root: str, role: Role) -> str:
         return role.entrypoint
@@ -832,6 +835,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         role_params: dict[str, list[ReplicaParam]] = {}
         role_log_dirs: dict[str, list[str]] = {}
         base_path = os.environ.get("PATH", os.defpath)
+        here = os.getcwd()
         flat: list[ReplicaParam] = []
         for i, role in enumerate(app.roles):
             img_root = provider.fetch_role(role)
@@ -849,7 +853,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                     stderr=f"{base}.stderr.log",
                     combined=f"{base}.combined.log",
                 )
-                cwd = param.cwd or os.getcwd()
+                cwd = param.cwd or here
                 path = param.env.get("PATH", base_path)
                 prefix = list(self._extra_paths)
                 if cfg.get("prepend_cwd"):
@@ -1446,10 +1450,15 @@ def _apply_macros(role: Role, img_root: str, app_id: str, k: int) -> Role:
     """What ``macros.Values(...).apply(role)`` gives, without deep-copying the role for every
     replica: a shallow copy with the macros substituted (by ``Values.substitute`` itself) in
     args and env."""
-    values = macros.Values(img_root=img_root, app_id=app_id, replica_id=str(k), rank0_env=RANK0_ENV)
+    values: macros.Values | None = None
 
     def sub(text: str) -> str:
-        return values.substitute(text) if "$" in text else text
+        nonlocal values
+        if "$" not in text:
+            return text
+        if values is None:
+            values = macros.Values(img_root, app_id, str(k), RANK0_ENV)
+        return values.substitute(text)
 
     # a shallow copy (not dataclasses.replace: no __init__ checks again per replica)
     replica = object.__new__(type(role))
@@ -1474,20 +1483,24 @@ def _check_log_dir(path: str) -> None:
         raise ValueError(f"{what}: no space left on the file system of {path}")
 
 
-def _environ_bytes() -> dict[bytes, bytes]:
-    """A copy of the environment as bytes: what posix_spawn takes without re-encoding, and (from
-    ``os.environ``'s own bytes store) ~50 times cheaper than ``dict(os.environ)``, which decodes
-    every variable on every submit."""
+def _environ_bytes() -> Mapping[bytes, bytes]:
+    """The environment as bytes, not to be changed: what posix_spawn takes without re-encoding,
+    and (``os.environ``'s own bytes store) ~50 times cheaper than ``dict(os.environ)``, which
+    decodes every variable on every submit."""
     data = getattr(os.environ, "_data", None)  # CPython's store behind os.environ
     if isinstance(data, dict) and all(isinstance(k, bytes) for k in itertools.islice(data, 1)):
-        return dict(data)
+        return data
     return {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
 
 
-def _replica_env(base: dict[bytes, bytes], extra: Mapping[str, str]) -> dict[bytes, bytes]:
-    env = base.copy()
-    for key, value in extra.items():
-        env[os.fsencode(key)] = os.fsencode(value)
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
+
+def _replica_env(base: Mapping[bytes, bytes], extra: Mapping[str, str]) -> dict[bytes, bytes]:
+    env = dict(base)
+    for key, value in extra.items():  # (what os.fsencode does, without its checks per call)
+        env[key.encode(_FS_ENCODING, _FS_ERRORS)] = value.encode(_FS_ENCODING, _FS_ERRORS)
     return env
 
 
