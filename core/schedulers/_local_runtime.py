@@ -200,6 +200,12 @@ def record_exit(app_dir: str, g: int, value: int | str) -> None:
         return
     try:
         os.write(fd, f"{g} {value}\n".encode())
+    except OSError as e:  # (a full disk): the replica then shows no exit code
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "could not record exit code %s of replica %d in %s: %s", value, g, app_dir, e
+        )
     finally:
         os.close(fd)
 
