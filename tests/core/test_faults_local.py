@@ -292,6 +292,19 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def _fill_up(fs: Path) -> None:
+    """Writes a file into ``fs`` until the file system is full."""
+    fd = os.open(fs / "fill", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    assert os.statvfs(fs).f_bavail == 0
+
+
 def _submit_expecting_clear_error(
     runner: Runner, tmp_path: Path, log_dir: str, token: str
 ) -> BaseException:
@@ -323,15 +336,7 @@ def test_read_only_log_dir_is_a_clear_error_and_nothing_starts(
 def test_full_log_dir_is_a_clear_error_and_nothing_starts(
     tmp_path: Path, runner: Runner, tiny_tmpfs: Path
 ) -> None:
-    fd = os.open(tiny_tmpfs / "fill", os.O_WRONLY | os.O_CREAT)
-    try:  # fill the file system up
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    assert os.statvfs(tiny_tmpfs).f_bavail == 0
+    _fill_up(tiny_tmpfs)
     _submit_expecting_clear_error(runner, tmp_path, str(tiny_tmpfs / "logs"), "tok-full-5d07")
 
 
@@ -369,14 +374,7 @@ def test_full_state_dir_is_a_clear_error_and_nothing_starts(
     """The app's directory can still be made (a tmpfs directory takes no data pages) but its
     record cannot be written: the replicas, spawned and waiting at their gate, are killed."""
     state = _state_dir_on(tiny_tmpfs, monkeypatch)
-    fd = os.open(tiny_tmpfs / "fill", os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    _fill_up(tiny_tmpfs)
     _submit_expecting_state_dir_error(runner, tmp_path, "tok-fullstate-9c3e", "write")
     assert list((state / "local").iterdir()) == [], "the rejected app left its directory"
 
