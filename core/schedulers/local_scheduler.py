@@ -131,15 +131,11 @@ RANK0_ENV = "SHIPYARD_RANK0_HOST"
 # Its own stderr is /dev/null (only the command's goes to the log): its "Terminated" notices
 # stay out of the log.
 _WRAPPER = (
-    (
-        "trap 'c=129' HUP; trap 'c=130' INT; trap 'c=143' TERM;"
-        ' read _ <&3; exec 3<&- >>"$1" 4>>"$0"; e=$2; g=$3; d=${0%/*};'
-        ' if [ -n "$4" ]; then cd -- "$4" 2>>"$e" || { echo "$g 126" >&4; exit 126; }; fi; shift 4;'
-        ' (trap - HUP INT TERM; [ -z "$c" ] && [ ! -e "$d/CANCELLED" ] && [ ! -e "$d/GANG" ] ||'
-        ' exit "${c:-143}"; exec "$@" 2>>"$e" 4>&-); echo "$g $?" >&4'
-    )
-    .replace("CANCELLED", rt.CANCELLED)
-    .replace("GANG", rt.GANG)
+    "trap 'c=129' HUP; trap 'c=130' INT; trap 'c=143' TERM;"
+    ' read _ <&3; exec 3<&- >>"$1" 4>>"$0"; e=$2; g=$3; d=${0%/*};'
+    ' if [ -n "$4" ]; then cd -- "$4" 2>>"$e" || { echo "$g 126" >&4; exit 126; }; fi; shift 4;'
+    f' (trap - HUP INT TERM; [ -z "$c" ] && [ ! -e "$d/{rt.CANCELLED}" ] && [ ! -e "$d/{rt.GANG}" ]'
+    ' || exit "${c:-143}"; exec "$@" 2>>"$e" 4>&-); echo "$g $?" >&4'
 )
 # Replicas start with every signal at its default disposition, as a fresh process: ignored
 # signals would be inherited (Python ignores SIGPIPE, a terminal job may ignore SIGINT) and a
