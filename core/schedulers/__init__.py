@@ -88,12 +88,12 @@ def _path_dirs() -> list[list[Any]]:
     return parts
 
 
-def _declaring_files() -> list[list[Any]]:
-    """``[file, mtime]`` of each ``entry_points.txt`` on ``sys.path`` that declares the group
-    (an in-place edit of one changes no directory's mtime)."""
+def _declaring_files(dirs: list[list[Any]]) -> list[list[Any]]:
+    """``[file, mtime]`` of each ``entry_points.txt`` in ``dirs`` (from :func:`_path_dirs`) that
+    declares the group (an in-place edit of one changes no directory's mtime)."""
     marker = f"[{ENTRY_POINT_GROUP}]"
     found: list[list[Any]] = []
-    for path, _ in _path_dirs():
+    for path, _ in dirs:
         try:
             with os.scandir(path) as it:
                 names = [e.name for e in it if e.name.endswith((".dist-info", ".egg-info"))]
@@ -111,10 +111,11 @@ def _declaring_files() -> list[list[Any]]:
     return found
 
 
-def _fingerprint(files: list[list[Any]]) -> list[Any]:
+def _fingerprint(dirs: list[list[Any]], files: list[list[Any]]) -> list[Any]:
     """What the cached entry points depend on: the interpreter, the ``sys.path`` directories
-    and the files that declared the group when they were read. ~0.1 ms."""
-    parts: list[Any] = [sys.prefix, *_path_dirs()]
+    (``dirs``, from :func:`_path_dirs`) and the files that declared the group when they were
+    read. ~0.1 ms."""
+    parts: list[Any] = [sys.prefix, *dirs]
     for file, _ in files:
         try:
             parts.append([file, os.stat(file).st_mtime_ns])
@@ -146,17 +147,18 @@ def _entry_points() -> list[tuple[str, str]]:
     declare the group for the first time, without a reinstall, is seen after the next install.)
     """
     path = _cache_file()
+    dirs = _path_dirs()
     entries: list[Any] = []
     try:
         with open(path, encoding="utf-8") as f:
             entries = list(json.load(f)["entries"])
         for entry in entries:
-            if entry["key"] == _fingerprint(entry["files"]):
+            if entry["key"] == _fingerprint(dirs, entry["files"]):
                 return [(str(n), str(t)) for n, t in entry["entry_points"]]
     except (OSError, ValueError, KeyError, TypeError):
         entries = []
-    files = _declaring_files()
-    key = _fingerprint(files)
+    files = _declaring_files(dirs)
+    key = _fingerprint(dirs, files)
     from importlib.metadata import entry_points
 
     found = [(ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP)]

@@ -831,7 +831,6 @@ class LocalScheduler(Scheduler[PopenRequest]):
         role_params: dict[str, list[ReplicaParam]] = {}
         role_log_dirs: dict[str, list[str]] = {}
         base_path = os.environ.get("PATH", os.defpath)
-        here = os.getcwd()
         flat: list[ReplicaParam] = []
         for i, role in enumerate(app.roles):
             img_root = provider.fetch_role(role)
@@ -849,7 +848,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                     stderr=f"{base}.stderr.log",
                     combined=f"{base}.combined.log",
                 )
-                cwd = param.cwd or here
+                cwd = param.cwd or os.getcwd()
                 path = param.env.get("PATH", base_path)
                 prefix = list(self._extra_paths)
                 if cfg.get("prepend_cwd"):
@@ -1466,17 +1465,16 @@ def _apply_macros(role: Role, img_root: str, app_id: str, k: int) -> Role:
 
 def _check_log_dir(path: str) -> None:
     """Creates ``path`` if needed and checks that log files can be written there."""
-    what = "cfg.log_dir"
     try:
         os.makedirs(path, exist_ok=True)
         st = os.statvfs(path)
     except OSError as e:
-        raise ValueError(f"{what}: cannot create {path}: {e.strerror or e}") from e
+        raise ValueError(f"cfg.log_dir: cannot create {path}: {e.strerror or e}") from e
     if st.f_flag & os.ST_RDONLY or not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"{what}: {path} is not writable")
+        raise ValueError(f"cfg.log_dir: {path} is not writable")
     free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
     if free == 0 or (st.f_files and st.f_ffree == 0):
-        raise ValueError(f"{what}: no space left on the file system of {path}")
+        raise ValueError(f"cfg.log_dir: no space left on the file system of {path}")
 
 
 def _environ_bytes() -> Mapping[bytes, bytes]:
