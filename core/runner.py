@@ -160,6 +160,9 @@ class Runner:
     def _scheduler(self, backend: str, session: str | None = None) -> Scheduler[Any]:
         session = self._name if session is None else session
         key = (backend, session)
+        sched = self._schedulers.get(key)  # (no lock for one that exists: every call asks)
+        if sched is not None:
+            return sched
         with self._lock:
             sched = self._schedulers.get(key)
             if sched is None:

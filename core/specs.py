@@ -680,6 +680,7 @@ class runopts:  # noqa: N801 - name fixed by the specification
     def __init__(self) -> None:
         self._opts: dict[str, runopt] = {}
         self._defaults: dict[str, CfgVal] | None = None  # resolve({}), kept: it is every submit's
+        self._mutable_defaults = False  # some default is a list or dict (copied per resolve)
 
     def add(
         self,
@@ -769,11 +770,15 @@ class runopts:  # noqa: N801 - name fixed by the specification
                 a missing required option.
         """
         if not cfg:
-            if self._defaults is None:
-                self._defaults = self._resolve({})
+            defaults = self._defaults
+            if defaults is None:
+                defaults = self._defaults = self._resolve({})
+                self._mutable_defaults = any(isinstance(v, list | dict) for v in defaults.values())
+            if not self._mutable_defaults:
+                return defaults.copy()
             return {
                 k: copy.deepcopy(v) if isinstance(v, list | dict) else v
-                for k, v in self._defaults.items()
+                for k, v in defaults.items()
             }
         return self._resolve(cfg)
 

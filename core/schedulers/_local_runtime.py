@@ -36,7 +36,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 STATE_DIR_ENV = "SHIPYARD_STATE_DIR"
@@ -81,14 +81,27 @@ def state_root() -> str:
     return os.path.abspath(_state_root_as_set())
 
 
+def environ_bytes() -> Mapping[bytes, bytes]:
+    """The environment as bytes, not to be changed: ``os.environ``'s own store on POSIX (what
+    ``posix_spawn`` takes without re-encoding; a lookup in it skips ``os.environ``'s Python-level
+    encode/decode), else an encoded copy."""
+    data = getattr(os.environ, "_data", None)  # CPython's store behind os.environ (and environb)
+    if _BYTES_ENVIRON and type(data) is dict:
+        return data
+    return {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
+
+
+_BYTES_ENVIRON = os.name == "posix"  # (there os.environ keeps bytes keys and values)
+_STATE_DIR_KEY = STATE_DIR_ENV.encode()
+
 # the last apps_root() answer, for the environment it came from: (variables, answer)
-_APPS_ROOT: dict[tuple[str | None, ...], str] = {}
+_APPS_ROOT: dict[tuple[bytes | None, ...], str] = {}
 
 
 def apps_root() -> str:
     """The directory holding one sub-directory per local app."""
-    env = os.environ  # (looked up on every submit and describe: keep the last answer)
-    key = (env.get(STATE_DIR_ENV), env.get("XDG_STATE_HOME"), env.get("HOME"))
+    env = environ_bytes()  # (looked up on every submit and describe: keep the last answer)
+    key = (env.get(_STATE_DIR_KEY), env.get(b"XDG_STATE_HOME"), env.get(b"HOME"))
     found = _APPS_ROOT.get(key)
     if found is not None:
         return found

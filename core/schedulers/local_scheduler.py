@@ -151,6 +151,9 @@ _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 # byte -> suffix character, for bytes.translate (one C call per app id)
 _SUFFIX_TABLE = bytes(ord(_SUFFIX_ALPHABET[b % len(_SUFFIX_ALPHABET)]) for b in range(256))
 _HOSTNAME = "localhost"
+# app.json's encoder: made once (json.dumps makes one per call) and compact; the summary is a
+# fresh tree of plain values, so the cycle check is not needed
+_encode_json = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 _MAX_PIDFDS = 256  # per scheduler: pidfds kept to check running replicas cheaply
 _WHICH: dict[tuple[str, str, str], str] = {}  # (command, PATH, cwd) -> its absolute path
 _COLLECTOR_DELAY = 0.025  # seconds after submit before a log collector process is started
@@ -369,22 +372,22 @@ class _Background:
         self._asleep = False  # True while it waits without a deadline
         self._pending = 0  # collector launches not done yet
         self._flushing = False
-        self._evict: weakref.WeakSet[LocalScheduler] = weakref.WeakSet()
+        self._evict: set[weakref.ref[LocalScheduler]] = set()  # schedulers with apps to bound
 
     # -- called by submitting threads --------------------------------------------------------
 
     def _put(self, item: tuple[str, Any]) -> None:
         self._q.append(item)
-        if self._thread is None or not self._thread.is_alive():
+        if self._thread is None:  # (not started yet, or it ended: see _run)
             with self._lock:
-                if self._thread is None or not self._thread.is_alive():
+                if self._thread is None:
                     self._rfd, self._wfd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
                     self._thread = threading.Thread(
                         target=self._run, name="shipyard-local", daemon=True
                     )
                     self._thread.start()
                     return
-        if self._asleep:  # read after the append: see _run for why no wake-up is lost
+        if self._asleep:  # read after the append: see _loop for why no wake-up is lost
             self._wake()
 
     def _wake(self) -> None:
@@ -402,11 +405,15 @@ class _Background:
         self._put(("watch", (proc.pid, None, -1, proc)))
 
     def submitted(
-        self, app_dir: str, pids: list[int], grace: float, sched: LocalScheduler | None = None
+        self,
+        app_dir: str,
+        pids: list[int],
+        grace: float,
+        sched: weakref.ref[LocalScheduler] | None = None,
     ) -> None:
         """Reaps the replica wrappers ``pids`` (replica ``g`` is ``pids[g]``) of a just submitted
         app and sees to its log collection: one hand-over (a submit wakes the thread at most
-        once, after its own work)."""
+        once, after its own work). ``sched``: the submitting scheduler, which bounds its apps."""
         with self._lock:
             self._pending += 1
             if sched is not None:
@@ -432,6 +439,20 @@ class _Background:
     # -- the thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            log.error("the local scheduler's background thread failed", exc_info=True)
+        finally:
+            with self._lock:  # the next hand-over starts another (submitters do not poll it)
+                self._thread = None
+                for fd in (self._rfd, self._wfd):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+
+    def _loop(self) -> None:
         import select
 
         poller = select.poll()
@@ -506,12 +527,13 @@ class _Background:
 
     def _run_evictions(self) -> None:
         with self._lock:
-            scheds = list(self._evict)
-            self._evict = weakref.WeakSet()
-        for sched in scheds:
-            if sched._housekeeping():
+            refs = self._evict
+            self._evict = set()
+        for ref in refs:
+            sched = ref()
+            if sched is not None and sched._housekeeping():
                 with self._lock:  # some apps could not go yet: try again later
-                    self._evict.add(sched)
+                    self._evict.add(ref)
 
     def after_fork(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -772,6 +794,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._launched: dict[str, str] = {}
         # apps launched by this instance and not evicted yet (cache_size bounds the finished)
         self._own: OrderedDict[str, str] = OrderedDict()
+        self._done_at: dict[str, float] = {}  # of _own's apps: when they ended (DONE's mtime)
         self._pid = os.getpid()
         self._inflight: dict[str, list[tuple[int, float]]] = {}
         # re-entrant for the same reason as _lock
@@ -781,6 +804,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._exited: set[tuple[str, int]] = set()  # wrappers known to have ended
         self._devnull = -1
         self._closed = False
+        self._wref = weakref.ref(self)  # how the background thread refers to it
         _SIGNALS.register(self)
 
     # -- options -----------------------------------------------------------------------------
@@ -820,10 +844,10 @@ class LocalScheduler(Scheduler[PopenRequest]):
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[PopenRequest]:
         app_id = self._new_app_id(app.name)
-        app_dir = os.path.join(rt.apps_root(), app_id)
+        app_dir = f"{rt.apps_root()}/{app_id}"  # (the root is absolute and normalised)
         log_root = cfg.get("log_dir")
         log_dir = (
-            os.path.join(os.path.abspath(os.path.expanduser(log_root)), app_id)
+            f"{os.path.abspath(os.path.expanduser(log_root))}/{app_id}"
             if isinstance(log_root, str)
             else app_dir
         )
@@ -840,7 +864,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             for k in range(role.num_replicas):
                 replica_role = _apply_macros(role, img_root, app_id, k)
                 replica_dir = log_dir
-                base = os.path.join(log_dir, f"{role.name}.{k}")
+                base = f"{log_dir}/{role.name}.{k}"
                 param = provider.get_replica_param(
                     img_root,
                     replica_role,
@@ -960,7 +984,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         request = dryrun_info.request
         app_id = request.app_id
         _check_app_id(app_id)
-        app_dir = os.path.join(rt.apps_root(), app_id)
+        app_dir = f"{rt.apps_root()}/{app_id}"
         try:
             try:
                 os.mkdir(app_dir, 0o700)
@@ -971,16 +995,15 @@ class LocalScheduler(Scheduler[PopenRequest]):
             raise ValueError(f"app_id: {app_id} was already submitted") from None
         except OSError as e:
             raise ValueError(f"state directory: cannot create {app_dir}: {e.strerror or e}") from e
-        base_env = _environ_bytes()
+        base_env = rt.environ_bytes()
         if self._devnull < 0:
             self._devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         replicas: list[dict[str, Any]] = []
         started: list[tuple[int, float]] = []
         here = os.getcwd()
-        devnull = [(os.POSIX_SPAWN_DUP2, self._devnull, fd) for fd in (0, 1, 2)]
         with self._lock:
             self._inflight[app_id] = started
-        exits = os.path.join(app_dir, rt.EXITS)
+        exits = f"{app_dir}/{rt.EXITS}"
         try:
             # every log file's directory must be usable before anything starts
             paths: list[tuple[str, str, str]] = []
@@ -995,18 +1018,23 @@ class LocalScheduler(Scheduler[PopenRequest]):
                                 f"roles[{i}]: working directory {param.cwd!r} does not exist"
                             )
                         cwds_ok.add(param.cwd)
-                    base = os.path.join(request.role_log_dirs[role_name][k], f"{role_name}.{k}")
-                    out = param.stdout or f"{base}.stdout.log"
-                    err = param.stderr or f"{base}.stderr.log"
-                    comb = param.combined or f"{base}.combined.log"
+                    out, err, comb = param.stdout, param.stderr, param.combined
+                    if not (out and err and comb):
+                        base = os.path.join(request.role_log_dirs[role_name][k], f"{role_name}.{k}")
+                        out = out or f"{base}.stdout.log"
+                        err = err or f"{base}.stderr.log"
+                        comb = comb or f"{base}.combined.log"
                     paths.append((out, err, comb))
-                    for d in {os.path.dirname(out), os.path.dirname(err), os.path.dirname(comb)}:
+                    for log_file in (out, err, comb):
+                        d = _parent(log_file)
                         if d not in checked:
                             _check_log_dir(d)
                             checked.add(d)
             g = 0
             gate_r, gate_w = _open_gate()  # fd 3 of the replicas (see _WRAPPER)
-            actions = [*devnull, (os.POSIX_SPAWN_DUP2, gate_r, 3)]
+            dup2 = os.POSIX_SPAWN_DUP2
+            actions = [(dup2, self._devnull, 0), (dup2, self._devnull, 1), (dup2, self._devnull, 2)]
+            actions.append((dup2, gate_r, 3))
             try:
                 for role_index, (role_name, params) in enumerate(request.role_params.items()):
                     for k, param in enumerate(params):
@@ -1060,9 +1088,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 # recorded before the replicas go on (one exclusive create: readers take a
                 # half-written file for a missing one), so that no user command runs unrecorded
                 try:
-                    created = rt.create_exclusive(
-                        os.path.join(app_dir, rt.APP_FILE), json.dumps(summary)
-                    )
+                    created = rt.create_exclusive(f"{app_dir}/{rt.APP_FILE}", _encode_json(summary))
                 except OSError as e:
                     raise ValueError(
                         f"state directory: cannot write {app_dir}: {e.strerror or e}"
@@ -1098,7 +1124,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 self._launched[app_id] = app_dir
                 self._own[app_id] = app_dir
                 self._remember(app_id, summary)
-            _BG.submitted(app_dir, [pid for pid, _ in started], self._grace, self)
+            _BG.submitted(app_dir, [pid for pid, _ in started], self._grace, self._wref)
         return app_id
 
     # -- state -------------------------------------------------------------------------------
@@ -1372,24 +1398,33 @@ class LocalScheduler(Scheduler[PopenRequest]):
         processes' apps are theirs to bound), removing the oldest finished first; and, at most
         hourly, removes any app that finished more than the retention period ago
         (``$SHIPYARD_LOCAL_RETENTION_DAYS``, default 7). True if some app must wait."""
+        now = time.time()
+        if now - _SWEEP["last"] >= _SWEEP_EVERY:
+            _SWEEP["last"] = now
+            _sweep_old_apps(now)
         with self._lock:
             own = list(self._own.items())
+        if len(own) <= self._cache_size:  # nothing can be in excess
+            return False
+        # an app's end time is looked up once: this pass runs after every submit, and a stat of
+        # every kept app each time would compete with the next submit
+        done_at = self._done_at
         finished: list[tuple[float, str, str]] = []
         for app_id, app_dir in own:
-            try:
-                finished.append((os.stat(os.path.join(app_dir, rt.DONE)).st_mtime, app_id, app_dir))
-                continue
-            except FileNotFoundError:
-                pass
-            if not os.path.isdir(app_dir):
-                with self._lock:
-                    self._own.pop(app_id, None)
-            elif len(own) > self._cache_size and os.path.exists(
-                os.path.join(app_dir, rt.LOGS_DONE)
-            ):
-                desc = self.describe(app_id)  # ended, not described yet: records its state
-                if desc is not None and is_terminal(desc.state):
-                    finished.append((time.time(), app_id, app_dir))
+            ended = done_at.get(app_id)
+            if ended is None:
+                try:
+                    ended = done_at[app_id] = os.stat(os.path.join(app_dir, rt.DONE)).st_mtime
+                except FileNotFoundError:
+                    if not os.path.isdir(app_dir):
+                        with self._lock:
+                            self._own.pop(app_id, None)
+                    elif os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)):
+                        desc = self.describe(app_id)  # ended, not described yet: records it
+                        if desc is not None and is_terminal(desc.state):
+                            finished.append((now, app_id, app_dir))
+                    continue
+            finished.append((ended, app_id, app_dir))
         waiting = False
         excess = len(finished) - self._cache_size
         if excess > 0:
@@ -1402,10 +1437,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                     self._own.pop(app_id, None)
                     self._summaries.pop(app_id, None)
                     self._finished.pop(app_id, None)
-        now = time.time()
-        if now - _SWEEP["last"] >= _SWEEP_EVERY:
-            _SWEEP["last"] = now
-            _sweep_old_apps(now)
+                done_at.pop(app_id, None)
         return waiting
 
     def close(self) -> None:
@@ -1421,6 +1453,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             self._summaries.clear()
             self._finished.clear()
             self._launched.clear()
+            self._done_at.clear()
         with self._fd_lock:
             for fd in self._pidfds.values():
                 try:
@@ -1445,22 +1478,30 @@ def _apply_macros(role: Role, img_root: str, app_id: str, k: int) -> Role:
     """What ``macros.Values(...).apply(role)`` gives, without deep-copying the role for every
     replica: a shallow copy with the macros substituted (by ``Values.substitute`` itself) in
     args and env."""
-    values: macros.Values | None = None
-
-    def sub(text: str) -> str:
-        nonlocal values
-        if "$" not in text:
-            return text
-        if values is None:
-            values = macros.Values(img_root, app_id, str(k), RANK0_ENV)
-        return values.substitute(text)
-
     # a shallow copy (not dataclasses.replace: no __init__ checks again per replica)
     replica = object.__new__(type(role))
     replica.__dict__.update(role.__dict__)
+    if "$" not in "".join(role.args) and "$" not in "".join(role.env.values()):
+        replica.args = list(role.args)  # (most roles: no macro anywhere)
+        replica.env = dict(role.env)
+        return replica
+    values = macros.Values(img_root, app_id, str(k), RANK0_ENV)
+
+    def sub(text: str) -> str:
+        return values.substitute(text) if "$" in text else text
+
     replica.args = [sub(a) for a in role.args]
     replica.env = {key: sub(v) for key, v in role.env.items()}
     return replica
+
+
+def _parent(path: str) -> str:
+    """``os.path.dirname`` (a log file's directory), without its generic work for the usual
+    ``/dir/file`` path."""
+    i = path.rfind("/")
+    if i > 0 and path[i - 1] != "/":
+        return path[:i]
+    return os.path.dirname(path)
 
 
 def _check_log_dir(path: str) -> None:
@@ -1475,16 +1516,6 @@ def _check_log_dir(path: str) -> None:
     free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
     if free == 0 or (st.f_files and st.f_ffree == 0):
         raise ValueError(f"cfg.log_dir: no space left on the file system of {path}")
-
-
-def _environ_bytes() -> Mapping[bytes, bytes]:
-    """The environment as bytes, not to be changed: what posix_spawn takes without re-encoding,
-    and (``os.environ``'s own bytes store) ~50 times cheaper than ``dict(os.environ)``, which
-    decodes every variable on every submit."""
-    data = getattr(os.environ, "_data", None)  # CPython's store behind os.environ
-    if isinstance(data, dict) and all(isinstance(k, bytes) for k in itertools.islice(data, 1)):
-        return data
-    return {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
 
 
 _FS_ENCODING = sys.getfilesystemencoding()
