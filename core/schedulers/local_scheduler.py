@@ -446,7 +446,14 @@ class _Background:
         finally:
             with self._lock:  # the next hand-over starts another (submitters do not poll it)
                 self._thread = None
-                for fd in (self._rfd, self._wfd):
+                self._asleep = False
+                # the launches it had taken are lost (a log reader starts a collector itself);
+                # the queued ones are the next thread's
+                self._pending = sum(1 for kind, _ in self._q if kind == "launch")
+                self._idle.notify_all()
+                # (-1 first: a late wake-up must not write into a reused descriptor)
+                fds, self._rfd, self._wfd = (self._rfd, self._wfd), -1, -1
+                for fd in fds:
                     try:
                         os.close(fd)
                     except OSError:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -393,3 +394,39 @@ def test_failure_while_starting_replicas_leaves_nothing_half_started(
     wait_for(lambda: not procs_with(token), what="started replicas to be terminated")
     after = {a.app_id for a in runner.list("local_cwd")}
     assert after == before
+
+
+def test_background_thread_failure_is_survived_by_the_next_submit(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug that ends the local scheduler's background thread (injected: reaping raises) is
+    logged, and the next submit starts a new thread that reaps and collects as before."""
+    from core.schedulers import local_scheduler as ls
+
+    runner.run(AppDef("bg-warm", [Role("r", entrypoint="true")]), "local_cwd")
+    old = wait_for(lambda: ls._BG._thread, what="the background thread")
+    assert isinstance(old, threading.Thread)
+    real = ls._reaped
+
+    def broken(*args: Any, **kwargs: Any) -> bool:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(ls, "_reaped", broken)
+    first = runner.run(AppDef("bg-dies", [Role("r", entrypoint="true")]), "local_cwd")
+    wait_for(lambda: not old.is_alive(), what="the background thread to end")
+    assert ls._BG._thread is None
+    monkeypatch.setattr(ls, "_reaped", real)
+
+    handle = runner.run(
+        AppDef("bg-after", [Role("r", entrypoint="echo", args=["hi"])]), "local_cwd"
+    )
+    new = ls._BG._thread
+    assert new is not None and new is not old and new.is_alive()
+    st = wait_final(runner, handle)
+    assert st.state == AppState.SUCCEEDED  # type: ignore[attr-defined]
+    assert list(runner.log_lines(handle, "r", 0)) == ["hi\n"]
+    app_dir = os.path.join(ls.state_dir(), parse_app_handle(handle).app_id)
+    wait_for(lambda: os.path.exists(os.path.join(app_dir, "logs_done")), what="log collection")
+    # the app whose watch was lost still ends and its logs can be read
+    assert wait_final(runner, first).state == AppState.SUCCEEDED  # type: ignore[attr-defined]
+    assert list(runner.log_lines(first, "r", 0)) == []
