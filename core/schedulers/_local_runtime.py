@@ -81,6 +81,9 @@ def state_root() -> str:
     return os.path.abspath(_state_root_as_set())
 
 
+_BYTES_ENVIRON = os.name == "posix"  # (there os.environ keeps bytes keys and values)
+
+
 def environ_bytes() -> Mapping[bytes, bytes]:
     """The environment as bytes, not to be changed: ``os.environ``'s own store on POSIX (what
     ``posix_spawn`` takes without re-encoding; a lookup in it skips ``os.environ``'s Python-level
@@ -91,7 +94,6 @@ def environ_bytes() -> Mapping[bytes, bytes]:
     return {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
 
 
-_BYTES_ENVIRON = os.name == "posix"  # (there os.environ keeps bytes keys and values)
 _STATE_DIR_KEY = STATE_DIR_ENV.encode()
 
 # the last apps_root() answer, for the environment it came from: (variables, answer)
