@@ -1033,15 +1033,14 @@ class LocalScheduler(Scheduler[PopenRequest]):
                         comb = comb or f"{base}.combined.log"
                     paths.append((out, err, comb))
                     for log_file in (out, err, comb):
-                        d = _parent(log_file)
+                        d = os.path.dirname(log_file)
                         if d not in checked:
                             _check_log_dir(d)
                             checked.add(d)
             g = 0
             gate_r, gate_w = _open_gate()  # fd 3 of the replicas (see _WRAPPER)
-            dup2 = os.POSIX_SPAWN_DUP2
-            actions = [(dup2, self._devnull, 0), (dup2, self._devnull, 1), (dup2, self._devnull, 2)]
-            actions.append((dup2, gate_r, 3))
+            dup2, null = os.POSIX_SPAWN_DUP2, self._devnull
+            actions = [(dup2, null, 0), (dup2, null, 1), (dup2, null, 2), (dup2, gate_r, 3)]
             try:
                 for role_index, (role_name, params) in enumerate(request.role_params.items()):
                     for k, param in enumerate(params):
@@ -1500,15 +1499,6 @@ def _apply_macros(role: Role, img_root: str, app_id: str, k: int) -> Role:
     replica.args = [sub(a) for a in role.args]
     replica.env = {key: sub(v) for key, v in role.env.items()}
     return replica
-
-
-def _parent(path: str) -> str:
-    """``os.path.dirname`` (a log file's directory), without its generic work for the usual
-    ``/dir/file`` path."""
-    i = path.rfind("/")
-    if i > 0 and path[i - 1] != "/":
-        return path[:i]
-    return os.path.dirname(path)
 
 
 def _check_log_dir(path: str) -> None:
