@@ -218,7 +218,9 @@ class Runner:
         """Submits ``app`` to ``scheduler`` (default: the default scheduler) and returns its handle.
 
         With ``idempotency_key``, an app already submitted with the same key (by any process) is
-        returned instead of submitting a second one: a retried task re-attaches to its job.
+        returned instead of submitting a second one: a retried task re-attaches to its job. The
+        lookup below is only a shortcut; the scheduler's ``schedule`` claims the key atomically,
+        so two submitters racing with one key also get one app.
         """
         scheduler = scheduler or get_default_scheduler_name()
         if idempotency_key:

@@ -134,7 +134,14 @@ class Scheduler(abc.ABC, Generic[T]):
 
     @abc.abstractmethod
     def schedule(self, dryrun_info: AppDryRunInfo[T]) -> str:
-        """Same as :meth:`submit` but takes the request from :meth:`submit_dryrun`."""
+        """Same as :meth:`submit` but takes the request from :meth:`submit_dryrun`.
+
+        Exactly once: when the app carries an idempotency key (``app.metadata`` under
+        :data:`IDEMPOTENCY_KEY`), the scheduler claims the key atomically in the backend before
+        any replica's command can run. If another submission (any thread, process or host)
+        already holds the key, nothing is started and the id of that submission's app is
+        returned instead, so racing submitters all get the same app.
+        """
 
     def submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal] | None) -> AppDryRunInfo[T]:
         """Returns the request that would be submitted, without submitting it.
