@@ -134,7 +134,7 @@ def run(ctx: Ctx) -> list[Row]:
 
 def _run(ctx: Ctx, sec: Section) -> None:
     from core.runner import get_runner
-    from core.schedulers import slurm_scheduler as slurm_mod
+    from core.schedulers.slurm.jobinfo import SQUEUE_FORMAT
     from core.specs import AppState, is_terminal
 
     runner = get_runner(SESSION)
@@ -144,7 +144,7 @@ def _run(ctx: Ctx, sec: Section) -> None:
     def squeue_raw(ids: list[str]) -> subprocess.CompletedProcess[str]:
         # the query shipyard makes, run directly
         return subprocess.run(
-            ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", slurm_mod._SQUEUE_FORMAT],
+            ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
 

@@ -8,6 +8,7 @@
     shipyard log local_cwd://shipyard/hello-1a2b3c/echo/0 --tail
     shipyard cancel local_cwd://shipyard/hello-1a2b3c
     shipyard list -s local_cwd
+    shipyard list -s slurm --cfg cluster=hpc1
     shipyard runopts local_docker
 
 Exit codes: 0 success, 1 the app did not succeed (or is unknown), 2 bad input, 130 interrupted.
@@ -236,7 +237,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from core.runner import get_runner
 
     with get_runner() as runner:
-        apps = runner.list(args.scheduler)
+        cfg = None
+        if args.cfg:
+            scheduler = args.scheduler or runner.scheduler_backends()[0]
+            cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg)
+        apps = runner.list(args.scheduler, cfg)
     if args.json:
         print(
             json.dumps(
@@ -315,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="list apps on a scheduler")
     ls.add_argument("-s", "--scheduler", help="default: local_cwd")
+    ls.add_argument("--cfg", help="scheduler options, e.g. cluster=hpc1 for -s slurm")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_cmd_list)
 

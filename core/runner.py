@@ -224,17 +224,23 @@ class Runner:
         """
         scheduler = scheduler or get_default_scheduler_name()
         if idempotency_key:
-            existing = self.find(scheduler, idempotency_key)
+            existing = self.find(scheduler, idempotency_key, cfg)
             if existing:
                 log.info("re-attaching to %s (idempotency key %s)", existing, idempotency_key)
                 return existing
             app = AppDef(app.name, app.roles, {**app.metadata, IDEMPOTENCY_KEY: idempotency_key})
         return self.schedule(self.dryrun(app, scheduler, cfg, workspace))
 
-    def find(self, scheduler: str, idempotency_key: str) -> AppHandle | None:
-        """The handle of the app submitted to ``scheduler`` with ``idempotency_key``, or None."""
+    def find(
+        self,
+        scheduler: str,
+        idempotency_key: str,
+        cfg: Mapping[str, CfgVal] | None = None,
+    ) -> AppHandle | None:
+        """The handle of the app submitted to ``scheduler`` with ``idempotency_key``, or None
+        (``cfg``: the run configuration it was submitted with, e.g. its Slurm ``cluster``)."""
         sched = self._scheduler(scheduler)
-        app_id = sched.find_by_idempotency_key(idempotency_key)
+        app_id = sched.find_by_idempotency_key(idempotency_key, cfg)
         return make_app_handle(sched.backend, sched.session_name, app_id) if app_id else None
 
     # -- observing ---------------------------------------------------------------------------
@@ -291,10 +297,13 @@ class Runner:
             time.sleep(sleep)
             delay = min(delay * 2, wait_interval)
 
-    def list(self, scheduler: str | None = None) -> list[ListAppResponse]:
-        """Apps on ``scheduler`` (default: the default scheduler), with handles filled in."""
+    def list(
+        self, scheduler: str | None = None, cfg: Mapping[str, CfgVal] | None = None
+    ) -> list[ListAppResponse]:
+        """Apps on ``scheduler`` (default: the default scheduler), with handles filled in
+        (``cfg``: where the backend needs it, e.g. the Slurm ``cluster`` to list)."""
         sched = self._scheduler(scheduler or get_default_scheduler_name())
-        apps = sched.list()
+        apps = sched.list(cfg) if cfg else sched.list()  # type: ignore[call-arg]
         for app in apps:
             app.app_handle = make_app_handle(sched.backend, sched.session_name, app.app_id)
         return apps

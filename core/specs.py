@@ -914,7 +914,8 @@ def parse_app_handle(app_handle: AppHandle) -> ParsedAppHandle:
     """
     if not isinstance(app_handle, str):
         raise MalformedAppHandleException(repr(app_handle))
-    m = _HANDLE_RE.match(app_handle.strip())
+    # the whole string: a handle with surrounding whitespace or a trailing newline is malformed
+    m = _HANDLE_RE.fullmatch(app_handle)
     if not m:
         raise MalformedAppHandleException(app_handle)
     return ParsedAppHandle(m.group("backend"), m.group("session"), m.group("app_id"))

@@ -130,6 +130,13 @@ SQL
 # configuration
 # ---------------------------------------------------------------------------------------------
 mkdir -p /etc/slurm /var/log/slurm /var/spool/slurmctld /run/slurm
+# The key slurmctld and slurmdbd sign and check JSON Web Tokens with (slurmrestd's clients
+# authenticate with `scontrol token` tokens: scripts/start_slurm_remote.sh).
+JWT_KEY=/var/spool/slurmctld/jwt_hs256.key
+if [ ! -s "$JWT_KEY" ]; then
+    dd if=/dev/urandom of="$JWT_KEY" bs=32 count=1 status=none
+fi
+chmod 600 "$JWT_KEY"
 for n in "${NODES[@]}"; do mkdir -p "/var/spool/slurmd/$n"; done
 
 # write_if_changed FILE MODE: stdin to FILE when the content differs; prints "changed" if so.
@@ -150,6 +157,8 @@ write_if_changed() {
 dbd_changed=$(write_if_changed /etc/slurm/slurmdbd.conf 600 <<EOF
 # Written by shipyard scripts/start_slurm.sh
 AuthType=auth/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=${JWT_KEY}
 DbdHost=localhost
 DbdPort=6819
 SlurmUser=root
@@ -170,6 +179,8 @@ SlurmctldHost=${HOST}(127.0.0.1)
 SlurmUser=root
 SlurmctldPort=6817
 AuthType=auth/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=${JWT_KEY}
 # A requeued job waits cred_expire+1 seconds before it may start again (default 120).
 AuthInfo=cred_expire=10
 CredType=cred/munge

@@ -192,10 +192,14 @@ class Scheduler(abc.ABC, Generic[T]):
         """True if the app exists (was submitted)."""
         return self.describe(app_id) is not None
 
-    def find_by_idempotency_key(self, key: str) -> str | None:
-        """The id of the newest app submitted with ``key`` (see :data:`IDEMPOTENCY_KEY`), or None.
+    def find_by_idempotency_key(
+        self, key: str, cfg: Mapping[str, CfgVal] | None = None
+    ) -> str | None:
+        """The id of the app submitted with ``key`` (see :data:`IDEMPOTENCY_KEY`), or None.
 
-        Backends that can find apps by key override this; the default finds none.
+        ``cfg`` is the run configuration the app was submitted with, for backends where it
+        says where to look (the ``slurm`` scheduler's ``cluster``). Backends that can find apps
+        by key override this; the default finds none.
         """
         return None
 

@@ -1094,7 +1094,9 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             return AppState.RUNNING
         return AppState.PENDING
 
-    def find_by_idempotency_key(self, key: str) -> str | None:
+    def find_by_idempotency_key(
+        self, key: str, cfg: Mapping[str, CfgVal] | None = None
+    ) -> str | None:
         """The newest app (of any session) submitted with ``key``, including cancelled ones."""
         label = f"{LABEL_IDEMPOTENCY_KEY}={_hash_key(key)}"
         candidates: dict[str, float] = {}

@@ -1284,7 +1284,9 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 out.append(ListAppResponse(app_id=app_id, state=desc.state))
         return out
 
-    def find_by_idempotency_key(self, key: str) -> str | None:
+    def find_by_idempotency_key(
+        self, key: str, cfg: Mapping[str, CfgVal] | None = None
+    ) -> str | None:
         """The newest app submitted with ``key`` (any process), or None."""
         app_id = rt.read_text(_key_path(key))
         if app_id is None:

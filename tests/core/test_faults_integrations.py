@@ -230,7 +230,7 @@ def test_concurrent_prefect_waits_share_their_slurm_polls(
     can answer for all of them; they must not cost one squeue per job per poll."""
     from prefect import flow
 
-    from core.schedulers import slurm_scheduler as slurm_mod
+    from core.schedulers.slurm.transport import LocalShell
     from prefect_tasks import wait_for_job
 
     sbatch.configure("running")
@@ -245,13 +245,13 @@ def test_concurrent_prefect_waits_share_their_slurm_polls(
             for i in range(n)
         ]
     calls: list[str] = []
-    real = slurm_mod._run
+    real = LocalShell.run
 
-    def counting(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
+    def counting(self: LocalShell, cmd: list[str], **kwargs: Any) -> Any:
         calls.append(cmd[0])
-        return real(cmd, *args, **kwargs)
+        return real(self, cmd, **kwargs)
 
-    monkeypatch.setattr(slurm_mod, "_run", counting)
+    monkeypatch.setattr(LocalShell, "run", counting)
     try:
 
         @flow

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from core.runner import get_runner
-from core.schedulers import slurm_scheduler as slurm_mod
+from core.schedulers.slurm import jobinfo, logs
+from core.schedulers.slurm.transport import LocalFiles, LocalShell
 from core.schedulers.api import IDEMPOTENCY_KEY, Stream
 from core.schedulers.slurm_scheduler import (
     SLURM_STATES,
@@ -148,7 +149,7 @@ def _accounted(sched: SlurmScheduler, job_id: str, components: int) -> Any:
     het job is briefly one "allocation" before its components are recorded)."""
 
     def check() -> Any:
-        info = (sched._sacct([job_id]) or {}).get(job_id)
+        info = (sched._client(None).accounting_jobs([job_id]) or {}).get(job_id)
         if info is None or len(info.components) != components:
             return None
         return (
@@ -181,8 +182,7 @@ def _two_role_app(
 def _offline_scheduler(mem: dict[str, int] | None = None) -> SlurmScheduler:
     s = create_scheduler("snap")
     # a fixed partition table, so the script does not depend on the cluster (nomem lookup)
-    s._partition_mem = dict(mem or {"debug": 4000})
-    s._default_partition = "debug"
+    s._partitions[None] = (dict(mem or {"debug": 4000}), "debug")
     return s
 
 
@@ -225,7 +225,10 @@ def test_dryrun_script_snapshot_two_roles() -> None:
     # the printable form is the whole script, the same as the request's
     assert text == info.request.materialize()
     assert info.request.job_dir == "/nonexistent/shipyard-snapshot-dir"
-    assert list(info.request.replicas) == ["trainer-0", "trainer-1", "ps-0"]
+    # components that ask for no memory come first (no --mem is carried over to them); rank 0
+    # is still trainer-0's node, wherever its component is
+    assert list(info.request.replicas) == ["ps-0", "trainer-0", "trainer-1"]
+    assert 'SHIPYARD_RANK0_HOST="${SLURM_JOB_NODELIST_HET_GROUP_1:-' in text
 
 
 def test_dryrun_script_snapshot_retries_key_and_nomem() -> None:
@@ -272,7 +275,10 @@ def test_replica_request_from_role_and_materialize() -> None:
     sbatch, srun = req.materialize()
     assert "--job-name=w-0" in sbatch and "--gpus-per-task=1" in sbatch
     assert srun[0] == '--output=slurm-"$SLURM_JOB_ID"-w-0.out'
-    assert srun[-4:] == ["K=v,w=1", "'run me'", "'a b'", '"$SLURM_JOB_ID"-x']
+    assert srun[-4:] == ["shipyard-replica", "'run me'", "'a b'", '"$SLURM_JOB_ID"-x']
+    # the value is exported by the script under a private name, never on srun's command line
+    assert not any("v,w=1" in token for token in srun)
+    assert req.env_exports(0) == ["export SHIPYARD_ENV_0_0=v,w=1"]
     nomem = SlurmReplicaRequest.from_role("w-0", role, {}, nomem=True)
     assert "mem" not in nomem.sbatch_opts
     batch = SlurmBatchRequest(["sbatch"], {"w-0": req}, None, 0)
@@ -289,9 +295,13 @@ def test_components_without_memory_do_not_inherit_it() -> None:
             Role("b", entrypoint="x"),
         ],
     )
-    req = s.submit_dryrun(app, {}).request
+    info = s.submit_dryrun(app, {})
+    req = info.request
     assert req.replicas["a-0"].sbatch_opts["mem"] == "512"
-    assert req.replicas["b-0"].sbatch_opts["mem"] == "0"
+    # b asks for nothing, and gets nothing: it comes first, so nothing is carried over to it
+    assert "mem" not in req.replicas["b-0"].sbatch_opts
+    assert list(req.replicas) == ["b-0", "a-0"]
+    assert "--mem=0" not in str(info)
 
 
 def test_run_opts_and_states() -> None:
@@ -304,6 +314,7 @@ def test_run_opts_and_states() -> None:
         "mail-user",
         "mail-type",
         "job_dir",
+        "cluster",
     ]
     assert SLURM_STATES["COMPLETED"] == AppState.SUCCEEDED
     assert SLURM_STATES["OUT_OF_MEMORY"] == AppState.FAILED
@@ -371,13 +382,13 @@ def test_combined_stream_is_rejected() -> None:
 
 
 def test_exit_code_parsing() -> None:
-    assert slurm_mod._wait_status_code("768") == 3
-    assert slurm_mod._wait_status_code("9") == -9
-    assert slurm_mod._wait_status_code("0") == 0
-    assert slurm_mod._wait_status_code("N/A") is None
-    assert slurm_mod._colon_code("3:0") == 3
-    assert slurm_mod._colon_code("0:15") == -15
-    assert slurm_mod._split_name("my-role-12") == ("my-role", 12)
+    assert jobinfo.wait_status_code("768") == 3
+    assert jobinfo.wait_status_code("9") == -9
+    assert jobinfo.wait_status_code("0") == 0
+    assert jobinfo.wait_status_code("N/A") is None
+    assert jobinfo.colon_code("3:0") == 3
+    assert jobinfo.colon_code("0:15") == -15
+    assert jobinfo.split_name("my-role-12") == ("my-role", 12)
 
 
 # sacct -D output (JobID,JobName,State,ExitCode,NodeList,WorkDir,Comment) as recorded on the
@@ -399,8 +410,8 @@ SACCT_REQUEUED = """\
 
 
 def test_parse_sacct_keeps_the_last_attempt_of_the_newest_job() -> None:
-    out = SACCT_REQUEUED.replace("|", slurm_mod._SEP)
-    info = slurm_mod._parse_sacct(out)["21"]
+    out = SACCT_REQUEUED.replace("|", jobinfo.SEP)
+    info = jobinfo.parse_sacct(out)["21"]
     assert (info.state, info.restarts, info.workdir, info.comment) == (
         "COMPLETED",
         1,
@@ -408,7 +419,7 @@ def test_parse_sacct_keeps_the_last_attempt_of_the_newest_job() -> None:
         "c",
     )
     assert sorted(info.components) == [0, 1]
-    d = create_scheduler("x")._to_response(info)
+    d = jobinfo.to_response(info)
     assert d.state == AppState.SUCCEEDED and d.num_restarts == 1
     reps = _replicas(d)
     assert (reps[("a", 0)].state, reps[("a", 0)].exit_code) == (AppState.SUCCEEDED, 0)
@@ -422,20 +433,20 @@ def test_a_bare_colon_argument_is_not_a_het_separator() -> None:
     assert ":" not in srun
     assert srun[-3:-1] == ["/bin/sh", "-c"]
     assert "exec /bin/echo a : " in srun[-1] and "$SHIPYARD_APP_ID" in srun[-1]
-    # an entrypoint with "=" must not be taken by `env` for a variable assignment
+    # an entrypoint with "=" is a program name, never a variable assignment
     role = Role("w", entrypoint="X=1", args=["touch", "/tmp/x"])
     _, srun = SlurmReplicaRequest.from_role("w-0", role, {}, nomem=False).materialize()
-    assert srun[-3:-1] == ["/bin/sh", "-c"] and "exec X=1 touch /tmp/x" in srun[-1]
+    assert srun[-3:] == ["X=1", "touch", "/tmp/x"] and 'exec "$@"' in srun[-5]
 
 
 def test_read_lines_never_splits_a_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slurm_mod, "_LOG_CHUNK", 7)  # many buffer boundaries
+    monkeypatch.setattr(logs, "CHUNK", 7)  # many buffer boundaries
     lines = ["short\n", "a much longer line than the chunk\n", "cr\rinside\n", "\n", "日本語🚀\n"]
     lines += ["form\x0cfeed\n", "partial"]
     path = tmp_path / "log"
     path.write_text("".join(lines), newline="")
-    assert list(slurm_mod._read_lines(str(path))) == lines
-    assert list(slurm_mod._read_lines(str(tmp_path / "missing"))) == []
+    assert list(logs.read_lines(LocalFiles(), str(path))) == lines
+    assert list(logs.read_lines(LocalFiles(), str(tmp_path / "missing"))) == []
 
 
 def test_read_lines_tails_until_ended(tmp_path: Path) -> None:
@@ -451,7 +462,7 @@ def test_read_lines_tails_until_ended(tmp_path: Path) -> None:
             return False
         return True
 
-    assert list(slurm_mod._read_lines(str(path), ended)) == ["one\n", "two\n", "three\n"]
+    assert list(logs.read_lines(LocalFiles(), str(path), ended)) == ["one\n", "two\n", "three\n"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +533,7 @@ def test_two_role_app_pending_running_completed_from_elsewhere(
     assert _elsewhere(tmp_path, LOGS_ELSEWHERE, job_id, "ps", "0", "no")[0].startswith("ps on ")
     # accounting has the same answer (what describe uses once the controller forgets the job)
     acct = _accounted(cluster.sched, job_id, 3)
-    from_acct = cluster.sched._to_response(acct)
+    from_acct = jobinfo.to_response(acct)
     assert from_acct.state == AppState.SUCCEEDED
     assert {k: r.exit_code for k, r in _replicas(from_acct).items()} == {
         ("trainer", 0): 0,
@@ -542,7 +553,7 @@ def test_failing_replica_gives_failed_with_its_exit_code(cluster: Cluster) -> No
     assert list(cluster.sched.log_iter(job_id, "ps", 0, streams=Stream.STDERR)) == ["failing\n"]
     assert list(cluster.sched.log_iter(job_id, "ps", 0)) == []
     acct = _accounted(cluster.sched, job_id, 3)
-    acct_reps = _replicas(cluster.sched._to_response(acct))
+    acct_reps = _replicas(jobinfo.to_response(acct))
     assert acct_reps[("ps", 0)].exit_code == 3 and acct_reps[("ps", 0)].state == AppState.FAILED
     assert acct_reps[("trainer", 1)].exit_code == 0
 
@@ -656,13 +667,13 @@ def test_describe_many_is_one_squeue_call(
 ) -> None:
     ids = [cluster.submit(_two_role_app(trainer="sleep 30", ps="sleep 30")) for _ in range(2)]
     calls: list[list[str]] = []
-    real_run = slurm_mod._run
+    real_run = LocalShell.run
 
-    def spy(cmd: list[str], timeout: float = 60) -> Any:
+    def spy(self: LocalShell, cmd: list[str], **kwargs: Any) -> Any:
         calls.append(cmd)
-        return real_run(cmd, timeout)
+        return real_run(self, cmd, **kwargs)
 
-    monkeypatch.setattr(slurm_mod, "_run", spy)
+    monkeypatch.setattr(LocalShell, "run", spy)
     out = cluster.sched.describe_many([*ids, "999999998"])
     assert [c[0] for c in calls] == ["squeue", "sacct"]  # sacct only for the unknown one
     assert calls[1][calls[1].index("-j") + 1] == "999999998"
@@ -745,7 +756,7 @@ def test_describe_without_accounting_falls_back_to_the_controller(
     )
     monkeypatch.setenv("SLURM_CONF", str(noacct))
     sched = create_scheduler("noacct")
-    assert sched._sacct([job_id]) is None  # sacct: accounting storage is disabled
+    assert sched._client(None).accounting_jobs([job_id]) is None  # sacct: accounting storage is disabled
     d = sched.describe(job_id)
     assert d is not None and d.state == AppState.FAILED
     assert _replicas(d)[("ps", 0)].exit_code == 2

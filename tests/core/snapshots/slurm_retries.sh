@@ -8,11 +8,16 @@
 
 export PYTHONUNBUFFERED=1
 export SLURM_UNBUFFEREDIO=1
-# a job of one component is not heterogeneous: SLURM_JOB_NODELIST_HET_GROUP_0 is set for it here
-export SLURM_JOB_NODELIST_HET_GROUP_0="${SLURM_JOB_NODELIST_HET_GROUP_0:-$SLURM_JOB_NODELIST}"
+# the node of rank 0 (worker-0: het component 0; a job of one component is not heterogeneous)
+export SHIPYARD_RANK0_HOST="${SLURM_JOB_NODELIST_HET_GROUP_0:-$SLURM_JOB_NODELIST}"
+# the replicas' environment, kept out of every command line
+export SHIPYARD_ENV_0_0="$SLURM_JOB_ID"
+export SHIPYARD_ENV_0_1=worker
+export SHIPYARD_ENV_0_2=0
+export SHIPYARD_ENV_0_3=1
 
 srun \
-    --output=slurm-"$SLURM_JOB_ID"-worker-0.out --error=slurm-"$SLURM_JOB_ID"-worker-0.err --open-mode=append env SHIPYARD_APP_ID="$SLURM_JOB_ID" SHIPYARD_ROLE_NAME=worker SHIPYARD_REPLICA_ID=0 SHIPYARD_NUM_REPLICAS=1 /bin/true
+    --output=slurm-"$SLURM_JOB_ID"-worker-0.out --error=slurm-"$SLURM_JOB_ID"-worker-0.err --open-mode=append /bin/sh -c 'export SHIPYARD_APP_ID="$SHIPYARD_ENV_0_0" SHIPYARD_ROLE_NAME="$SHIPYARD_ENV_0_1" SHIPYARD_REPLICA_ID="$SHIPYARD_ENV_0_2" SHIPYARD_NUM_REPLICAS="$SHIPYARD_ENV_0_3"; unset SHIPYARD_ENV_0_0 SHIPYARD_ENV_0_1 SHIPYARD_ENV_0_2 SHIPYARD_ENV_0_3; exec "$@"' shipyard-replica /bin/true
 exitcode=$?
 
 # max_retries=3: a failed attempt requeues the whole job

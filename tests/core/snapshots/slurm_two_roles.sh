@@ -4,23 +4,40 @@
 # Submit with: sbatch --parsable <this file>
 # Logs: slurm-<job id>-<role>-<replica id>.out and .err in the job's directory.
 #
+#SBATCH --job-name=ps-0 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL
+#SBATCH hetjob
 #SBATCH --job-name=trainer-0 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL --cpus-per-task=2 --mem=1024
 #SBATCH hetjob
 #SBATCH --job-name=trainer-1 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL --cpus-per-task=2 --mem=1024
-#SBATCH hetjob
-#SBATCH --job-name=ps-0 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL --mem=0
 
 export PYTHONUNBUFFERED=1
 export SLURM_UNBUFFEREDIO=1
-# a job of one component is not heterogeneous: SLURM_JOB_NODELIST_HET_GROUP_0 is set for it here
-export SLURM_JOB_NODELIST_HET_GROUP_0="${SLURM_JOB_NODELIST_HET_GROUP_0:-$SLURM_JOB_NODELIST}"
+# the node of rank 0 (trainer-0: het component 1; a job of one component is not heterogeneous)
+export SHIPYARD_RANK0_HOST="${SLURM_JOB_NODELIST_HET_GROUP_1:-$SLURM_JOB_NODELIST}"
+# the replicas' environment, kept out of every command line
+export SHIPYARD_ENV_0_0="$SLURM_JOB_ID"
+export SHIPYARD_ENV_0_1=ps
+export SHIPYARD_ENV_0_2=0
+export SHIPYARD_ENV_0_3=1
+export SHIPYARD_ENV_1_0=0.1
+export SHIPYARD_ENV_1_1='it'"'"'s $HOME'
+export SHIPYARD_ENV_1_2="$SLURM_JOB_ID"
+export SHIPYARD_ENV_1_3=trainer
+export SHIPYARD_ENV_1_4=0
+export SHIPYARD_ENV_1_5=2
+export SHIPYARD_ENV_2_0=0.1
+export SHIPYARD_ENV_2_1='it'"'"'s $HOME'
+export SHIPYARD_ENV_2_2="$SLURM_JOB_ID"
+export SHIPYARD_ENV_2_3=trainer
+export SHIPYARD_ENV_2_4=1
+export SHIPYARD_ENV_2_5=2
 
 srun \
-    --output=slurm-"$SLURM_JOB_ID"-trainer-0.out --error=slurm-"$SLURM_JOB_ID"-trainer-0.err --open-mode=append env LR=0.1 MSG='it'"'"'s $HOME' SHIPYARD_APP_ID="$SLURM_JOB_ID" SHIPYARD_ROLE_NAME=trainer SHIPYARD_REPLICA_ID=0 SHIPYARD_NUM_REPLICAS=2 python -m train --rank0-env SLURM_JOB_NODELIST_HET_GROUP_0 --id "$SLURM_JOB_ID" \
+    --output=slurm-"$SLURM_JOB_ID"-ps-0.out --error=slurm-"$SLURM_JOB_ID"-ps-0.err --open-mode=append /bin/sh -c 'export SHIPYARD_APP_ID="$SHIPYARD_ENV_0_0" SHIPYARD_ROLE_NAME="$SHIPYARD_ENV_0_1" SHIPYARD_REPLICA_ID="$SHIPYARD_ENV_0_2" SHIPYARD_NUM_REPLICAS="$SHIPYARD_ENV_0_3"; unset SHIPYARD_ENV_0_0 SHIPYARD_ENV_0_1 SHIPYARD_ENV_0_2 SHIPYARD_ENV_0_3 SHIPYARD_ENV_1_0 SHIPYARD_ENV_1_1 SHIPYARD_ENV_1_2 SHIPYARD_ENV_1_3 SHIPYARD_ENV_1_4 SHIPYARD_ENV_1_5 SHIPYARD_ENV_2_0 SHIPYARD_ENV_2_1 SHIPYARD_ENV_2_2 SHIPYARD_ENV_2_3 SHIPYARD_ENV_2_4 SHIPYARD_ENV_2_5; exec "$@"' shipyard-replica /bin/echo 'replica 0' \
   : \
-    --output=slurm-"$SLURM_JOB_ID"-trainer-1.out --error=slurm-"$SLURM_JOB_ID"-trainer-1.err --open-mode=append env LR=0.1 MSG='it'"'"'s $HOME' SHIPYARD_APP_ID="$SLURM_JOB_ID" SHIPYARD_ROLE_NAME=trainer SHIPYARD_REPLICA_ID=1 SHIPYARD_NUM_REPLICAS=2 python -m train --rank0-env SLURM_JOB_NODELIST_HET_GROUP_0 --id "$SLURM_JOB_ID" \
+    --output=slurm-"$SLURM_JOB_ID"-trainer-0.out --error=slurm-"$SLURM_JOB_ID"-trainer-0.err --open-mode=append /bin/sh -c 'export LR="$SHIPYARD_ENV_1_0" MSG="$SHIPYARD_ENV_1_1" SHIPYARD_APP_ID="$SHIPYARD_ENV_1_2" SHIPYARD_ROLE_NAME="$SHIPYARD_ENV_1_3" SHIPYARD_REPLICA_ID="$SHIPYARD_ENV_1_4" SHIPYARD_NUM_REPLICAS="$SHIPYARD_ENV_1_5"; unset SHIPYARD_ENV_0_0 SHIPYARD_ENV_0_1 SHIPYARD_ENV_0_2 SHIPYARD_ENV_0_3 SHIPYARD_ENV_1_0 SHIPYARD_ENV_1_1 SHIPYARD_ENV_1_2 SHIPYARD_ENV_1_3 SHIPYARD_ENV_1_4 SHIPYARD_ENV_1_5 SHIPYARD_ENV_2_0 SHIPYARD_ENV_2_1 SHIPYARD_ENV_2_2 SHIPYARD_ENV_2_3 SHIPYARD_ENV_2_4 SHIPYARD_ENV_2_5; exec "$@"' shipyard-replica python -m train --rank0-env SHIPYARD_RANK0_HOST --id "$SLURM_JOB_ID" \
   : \
-    --output=slurm-"$SLURM_JOB_ID"-ps-0.out --error=slurm-"$SLURM_JOB_ID"-ps-0.err --open-mode=append env SHIPYARD_APP_ID="$SLURM_JOB_ID" SHIPYARD_ROLE_NAME=ps SHIPYARD_REPLICA_ID=0 SHIPYARD_NUM_REPLICAS=1 /bin/echo 'replica 0'
+    --output=slurm-"$SLURM_JOB_ID"-trainer-1.out --error=slurm-"$SLURM_JOB_ID"-trainer-1.err --open-mode=append /bin/sh -c 'export LR="$SHIPYARD_ENV_2_0" MSG="$SHIPYARD_ENV_2_1" SHIPYARD_APP_ID="$SHIPYARD_ENV_2_2" SHIPYARD_ROLE_NAME="$SHIPYARD_ENV_2_3" SHIPYARD_REPLICA_ID="$SHIPYARD_ENV_2_4" SHIPYARD_NUM_REPLICAS="$SHIPYARD_ENV_2_5"; unset SHIPYARD_ENV_0_0 SHIPYARD_ENV_0_1 SHIPYARD_ENV_0_2 SHIPYARD_ENV_0_3 SHIPYARD_ENV_1_0 SHIPYARD_ENV_1_1 SHIPYARD_ENV_1_2 SHIPYARD_ENV_1_3 SHIPYARD_ENV_1_4 SHIPYARD_ENV_1_5 SHIPYARD_ENV_2_0 SHIPYARD_ENV_2_1 SHIPYARD_ENV_2_2 SHIPYARD_ENV_2_3 SHIPYARD_ENV_2_4 SHIPYARD_ENV_2_5; exec "$@"' shipyard-replica python -m train --rank0-env SHIPYARD_RANK0_HOST --id "$SLURM_JOB_ID"
 exitcode=$?
 
 exit "$exitcode"

@@ -1,0 +1,317 @@
+"""What Slurm says about a job, whatever the transport: :class:`JobInfo` (one per app, one
+:class:`Component` per het-job component) parsed from ``squeue``/``sacct`` text here and from
+slurmrestd's JSON in the REST modules, and turned into a :class:`DescribeAppResponse`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.schedulers.api import DescribeAppResponse
+from core.specs import NONE, AppState, ReplicaStatus, Role, RoleStatus, is_terminal
+
+__all__ = [
+    "SACCT_FIELDS",
+    "SEP",
+    "SLURM_STATES",
+    "SQUEUE_FORMAT",
+    "Component",
+    "JobInfo",
+    "app_state",
+    "parse_sacct",
+    "parse_squeue",
+    "slurm_state",
+    "to_response",
+]
+
+#: Slurm job/step states and the app state each maps to
+SLURM_STATES: dict[str, AppState] = {
+    "BOOT_FAIL": AppState.FAILED,
+    "CANCELLED": AppState.CANCELLED,
+    "COMPLETED": AppState.SUCCEEDED,
+    "CONFIGURING": AppState.PENDING,
+    "COMPLETING": AppState.RUNNING,
+    "DEADLINE": AppState.FAILED,
+    "FAILED": AppState.FAILED,
+    "NODE_FAIL": AppState.FAILED,
+    "OUT_OF_MEMORY": AppState.FAILED,
+    "PENDING": AppState.PENDING,
+    "PREEMPTED": AppState.FAILED,
+    "RUNNING": AppState.RUNNING,
+    "RESV_DEL_HOLD": AppState.PENDING,
+    "REQUEUE_FED": AppState.PENDING,
+    "REQUEUE_HOLD": AppState.PENDING,
+    "REQUEUED": AppState.PENDING,
+    "RESIZING": AppState.RUNNING,
+    "REVOKED": AppState.FAILED,
+    "SIGNALING": AppState.RUNNING,
+    "SPECIAL_EXIT": AppState.FAILED,
+    "STAGE_OUT": AppState.RUNNING,
+    "STOPPED": AppState.PENDING,
+    "SUSPENDED": AppState.PENDING,
+    "TIMEOUT": AppState.FAILED,
+}
+
+SEP = "\x1f"  # field separator for squeue/sacct output: cannot occur in validated values
+SQUEUE_FIELDS = (
+    "HetJobID",
+    "HetJobOffset",
+    "JobID",
+    "State",
+    "RestartCnt",
+    "DerivedEC",
+    "Name",
+    "NodeList",
+    "WorkDir",
+    "Reason",
+    "Comment",  # last: free text
+)
+SQUEUE_FORMAT = ",".join(f"{f}:{SEP}" for f in SQUEUE_FIELDS)
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "WorkDir", "Comment")
+
+
+@dataclass
+class Component:
+    """One het-job component (one replica) as Slurm reports it."""
+
+    offset: int
+    name: str
+    state: str
+    nodes: str = ""
+    exit_code: int | None = None
+    step_state: str | None = None
+
+
+@dataclass
+class JobInfo:
+    """One app (a het job, or a job of one component) as Slurm reports it."""
+
+    app_id: str
+    state: str
+    restarts: int = 0
+    reason: str = ""
+    workdir: str = ""
+    comment: str = ""
+    components: dict[int, Component] = field(default_factory=dict)
+    source: str = "squeue"
+
+    @property
+    def held(self) -> bool:
+        """True while the job waits for a release (submitted held, or held by its user)."""
+        return self.state == "PENDING" and self.reason == "JobHeldUser"
+
+
+def slurm_state(raw: str) -> str:
+    """A state as Slurm prints it (``CANCELLED by 0``, ``RUNNING+``) reduced to its name."""
+    return raw.strip().split(" ")[0].rstrip("+").upper() if raw.strip() else "UNKNOWN"
+
+
+def app_state(state: str) -> AppState:
+    """The app state of a Slurm state name."""
+    return SLURM_STATES.get(state, AppState.UNKNOWN)
+
+
+def wait_status_code(raw: str | int) -> int | None:
+    """A raw wait status (squeue's DerivedEC) as an exit code (-N for signal N)."""
+    try:
+        status = int(raw)
+    except ValueError:
+        return None
+    if status & 0x7F:
+        return -(status & 0x7F)
+    return (status >> 8) & 0xFF
+
+
+def colon_code(raw: str) -> int | None:
+    """sacct's ``code:signal`` as an exit code (-N for signal N)."""
+    code, _, sig = raw.partition(":")
+    try:
+        signal = int(sig or 0)
+        return -signal if signal else int(code)
+    except ValueError:
+        return None
+
+
+def split_name(name: str) -> tuple[str, int]:
+    """``role-3`` -> ``("role", 3)``: a component's job name is its replica's name."""
+    role, _, idx = name.rpartition("-")
+    if role and idx.isdigit():
+        return role, int(idx)
+    return name, 0
+
+
+def add_controller_row(
+    jobs: dict[str, JobInfo],
+    app_id: str,
+    off: int,
+    row: dict[str, str],
+) -> None:
+    """Adds one controller record of component ``off`` of ``app_id`` to ``jobs``. ``row`` has
+    ``state``, ``restarts``, ``derived``, ``name``, ``nodes``, ``workdir``, ``reason`` and
+    ``comment`` as strings (how squeue and slurmrestd both report a component)."""
+    state = slurm_state(row["state"])
+    info = jobs.get(app_id)
+    if info is None or off == 0:
+        if info is None:
+            info = jobs[app_id] = JobInfo(app_id=app_id, state=state)
+        info.state = state
+        info.restarts = int(row["restarts"]) if row["restarts"].isdigit() else 0
+        info.reason = "" if row["reason"] in ("None", "(null)") else row["reason"]
+        info.workdir = row["workdir"]
+        info.comment = "" if row["comment"] == "(null)" else row["comment"]
+    terminal = is_terminal(app_state(state))
+    info.components[off] = Component(
+        offset=off,
+        name=row["name"],
+        state=state,
+        nodes=row["nodes"],
+        # DerivedEC: the highest exit code of the component's steps; none if it never ran
+        exit_code=wait_status_code(row["derived"]) if terminal and row["nodes"] else None,
+    )
+
+
+def parse_squeue(out: str) -> dict[str, JobInfo]:
+    """Parses ``squeue -O SQUEUE_FORMAT`` rows (one per het-job component) into jobs keyed by
+    app id."""
+    jobs: dict[str, JobInfo] = {}
+    n = len(SQUEUE_FIELDS)
+    for line in out.splitlines():
+        parts = line.split(SEP)
+        if len(parts) < n:
+            continue
+        het_id, offset, job_id, state, restarts, derived, name, nodes, workdir, reason = (
+            p.strip() for p in parts[: n - 1]
+        )
+        comment = SEP.join(parts[n - 1 :]).rstrip(SEP)
+        if het_id.isdigit() and het_id != "0":
+            app_id, off = het_id, int(offset) if offset.isdigit() else 0
+        else:  # a job of one component is not heterogeneous
+            app_id, off = job_id, 0
+        row = {
+            "state": state,
+            "restarts": restarts,
+            "derived": derived,
+            "name": name,
+            "nodes": nodes,
+            "workdir": workdir,
+            "reason": reason,
+            "comment": comment,
+        }
+        add_controller_row(jobs, app_id, off, row)
+    return jobs
+
+
+class AccountingParser:
+    """Builds jobs from accounting records in the order ``sacct -D`` gives them: a requeued job
+    has one allocation record per attempt, each followed by its steps; the last attempt's
+    records win."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobInfo] = {}
+        self._attempts: dict[str, int] = {}
+        self._leader_state: dict[str, str] = {}
+
+    def allocation(self, app_id: str, off: int, rec: dict[str, str]) -> None:
+        """A component's allocation record (``name``, ``state``, ``nodes``, ``workdir``,
+        ``comment``): starts a new attempt of it."""
+        info = self.jobs.setdefault(app_id, JobInfo(app_id=app_id, state="UNKNOWN", source="sacct"))
+        state = slurm_state(rec["state"])
+        if off == 0 and self._leader_state.get(app_id, "REQUEUED") != "REQUEUED":
+            # the previous record ended without a requeue: it was another job whose id was
+            # reused (the controller's job ids were reset); only the newest counts
+            info.components.clear()
+            self._attempts[app_id] = 0
+        nodes = rec["nodes"]
+        info.components[off] = Component(
+            offset=off,
+            name=rec["name"],
+            state=state,
+            nodes="" if nodes in ("None assigned", "(null)") else nodes,
+        )
+        if off == 0:
+            self._attempts[app_id] = self._attempts.get(app_id, 0) + 1
+            self._leader_state[app_id] = state
+            info.state = state
+            info.workdir = rec["workdir"]
+            info.comment = rec["comment"]
+
+    def step(self, app_id: str, off: int, state: str, exit_code: int | None) -> None:
+        """An ``srun`` step of component ``off``: the replica itself."""
+        info = self.jobs.get(app_id)
+        if info is not None and off in info.components:
+            comp = info.components[off]
+            comp.step_state = slurm_state(state)
+            comp.exit_code = exit_code
+
+    def result(self) -> dict[str, JobInfo]:
+        """The jobs, with their restart counts."""
+        for app_id, count in self._attempts.items():
+            self.jobs[app_id].restarts = max(0, count - 1)
+        return self.jobs
+
+
+def parse_sacct(out: str) -> dict[str, JobInfo]:
+    """Parses ``sacct -D -P --delimiter=SEP -o SACCT_FIELDS`` rows."""
+    parser = AccountingParser()
+    n = len(SACCT_FIELDS)
+    for line in out.splitlines():
+        parts = line.split(SEP)
+        if len(parts) < n:
+            continue
+        job_id, name, state, exit_code, nodes, workdir = parts[: n - 1]
+        comment = SEP.join(parts[n - 1 :])
+        alloc, _, step = job_id.partition(".")
+        app_id, _, off_s = alloc.partition("+")
+        if not app_id.isdigit():
+            continue
+        off = int(off_s) if off_s.isdigit() else 0
+        if not step:
+            rec = {"name": name, "state": state, "nodes": nodes, "workdir": workdir}
+            parser.allocation(app_id, off, {**rec, "comment": comment})
+        elif step.isdigit():
+            parser.step(app_id, off, state, colon_code(exit_code))
+    return parser.result()
+
+
+def to_response(info: JobInfo, app_id: str | None = None) -> DescribeAppResponse:
+    """The :class:`DescribeAppResponse` of a job (``app_id``: the id it is known by, e.g. with
+    its cluster's name; default the job id)."""
+    state = app_state(info.state)
+    roles: dict[str, RoleStatus] = {}
+    for off in sorted(info.components):
+        comp = info.components[off]
+        role, idx = split_name(comp.name)
+        roles.setdefault(role, RoleStatus(role))
+        roles[role].replicas.append(_replica_status(comp, state, role, idx))
+    for rs in roles.values():
+        rs.replicas.sort(key=lambda r: r.id)
+    msg = info.state
+    if info.reason:
+        msg += f" ({info.reason})"
+    return DescribeAppResponse(
+        app_id=app_id or info.app_id,
+        state=state,
+        num_restarts=info.restarts,
+        msg=msg,
+        structured_error_msg=NONE,
+        roles_statuses=list(roles.values()),
+        roles=[
+            Role(name=r, image=info.workdir, num_replicas=len(rs.replicas))
+            for r, rs in roles.items()
+        ],
+    )
+
+
+def _replica_status(comp: Component, job_state: AppState, role: str, idx: int) -> ReplicaStatus:
+    state = job_state
+    exit_code = comp.exit_code
+    if comp.step_state is not None:
+        step = app_state(comp.step_state)
+        if is_terminal(step):
+            state = step
+    elif is_terminal(job_state) and exit_code is not None and job_state != AppState.CANCELLED:
+        state = AppState.SUCCEEDED if exit_code == 0 else AppState.FAILED
+    if job_state == AppState.SUCCEEDED and exit_code is None and comp.nodes:
+        exit_code = 0
+    if not is_terminal(state):
+        exit_code = None
+    return ReplicaStatus(id=idx, state=state, role=role, hostname=comp.nodes, exit_code=exit_code)

@@ -1,0 +1,244 @@
+"""slurmrestd as a :class:`SlurmClient`: JSON over HTTP(S) with a JWT.
+
+The API version is found from the endpoint itself (``/openapi/v3`` lists its paths); each
+version's paths and JSON mapping live in one module (``rest_v0038``), listed in
+:data:`API_VERSIONS`. slurmrestd cannot read files: logs and job directories go through the
+cluster's SSH settings or a shared mount (the ``files`` given to the client).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import ModuleType
+from typing import Any
+
+import requests
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from core.clusters import ClusterConfig, ClusterError
+from core.schedulers.slurm import rest_v0038
+from core.schedulers.slurm.jobinfo import JobInfo
+from core.schedulers.slurm.script import SlurmBatchRequest
+from core.schedulers.slurm.transport import Files, SlurmClient, SubmitRefused, TransportError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["API_VERSIONS", "RestClient"]
+
+#: the API versions this client speaks, newest first
+API_VERSIONS: dict[str, ModuleType] = {rest_v0038.VERSION: rest_v0038}
+
+#: the environment of a job's batch step (the replicas' own variables are in the script)
+BATCH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+_TIMEOUT = 30.0
+_GONE = ("Invalid job id", "already completing or completed")
+
+
+class _Transient(Exception):
+    pass
+
+
+class RestClient(SlurmClient):
+    """A cluster's slurmrestd (``cluster.rest_url``), as ``cluster.user`` with its JWT."""
+
+    def __init__(self, cluster: ClusterConfig, files: Files | None) -> None:
+        self.cluster = cluster
+        self.files = files
+        self.default_workdir = cluster.remote_dir
+        self._session = requests.Session()
+        self._lock = threading.Lock()
+        self._token: str | None = None
+        self._api: ModuleType | None = None
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _err(self, field: str, problem: str) -> ClusterError:
+        return ClusterError(f"cluster {self.cluster.name!r}: {field}: {problem}")
+
+    def _headers(self, refresh: bool = False) -> dict[str, str]:
+        with self._lock:
+            if self._token is None or refresh:
+                self._token = self.cluster.resolve_token()
+            return {
+                "X-SLURM-USER-NAME": self.cluster.user or "",
+                "X-SLURM-USER-TOKEN": self._token,
+            }
+
+    def _http(self, method: str, path: str, refresh: bool, **kw: Any) -> requests.Response:
+        url = self.cluster.rest_url.rstrip("/") + path  # type: ignore[union-attr]
+        try:
+            return self._session.request(
+                method, url, headers=self._headers(refresh), timeout=_TIMEOUT, **kw
+            )
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise _Transient(f"cannot reach {self.cluster.rest_url}: {e}") from e
+
+    def _call(self, method: str, path: str, retry: bool = True, **kw: Any) -> dict[str, Any]:
+        """One API call; transient failures retried with backoff (``retry``). A refused token
+        (HTTP 401, or the ``Unspecified error`` slurmrestd gives for a bad JWT) is fetched
+        again once from its source."""
+        retrying = Retrying(
+            stop=stop_after_attempt(4 if retry else 1),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            retry=retry_if_exception_type(_Transient),
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    payload = self._answer(self._http(method, path, False, **kw))
+                    if _auth_problem(payload):
+                        payload = self._answer(self._http(method, path, True, **kw))
+                    return payload
+        except RetryError as e:
+            cause = e.last_attempt.exception()
+            raise TransportError(f"cluster {self.cluster.name!r}: {cause}") from cause
+        raise AssertionError("unreachable")
+
+    def _answer(self, r: requests.Response) -> dict[str, Any]:
+        if r.status_code == 401:
+            return {
+                "errors": [{"error_number": 401, "description": r.text.strip()}],
+                "_status": 401,
+            }
+        if r.status_code in (502, 503, 504):
+            raise _Transient(f"slurmrestd answered HTTP {r.status_code}")
+        try:
+            payload = r.json()
+        except ValueError:
+            if r.status_code == 404:
+                return {"errors": [{"description": "not found"}], "_status": 404}
+            raise _Transient(
+                f"slurmrestd answered HTTP {r.status_code}: {r.text[:200]!r}"
+            ) from None
+        payload["_status"] = r.status_code
+        return payload  # type: ignore[no-any-return]
+
+    @property
+    def api(self) -> ModuleType:
+        """The version module of the endpoint's API (found on first use; also checks that the
+        token is accepted)."""
+        if self._api is None:
+            spec = self._call("GET", "/openapi/v3")
+            paths = spec.get("paths") or {}
+            offered = sorted({p.split("/")[2] for p in paths if p.startswith("/slurm/v")})
+            found = next(
+                (API_VERSIONS[v] for v in API_VERSIONS if f"/slurm/{v}/ping" in paths), None
+            )
+            if found is None:
+                raise self._err(
+                    "rest_url",
+                    f"{self.cluster.rest_url} offers API versions {offered or 'none'}; shipyard"
+                    f" speaks {', '.join(API_VERSIONS)}",
+                )
+            ping = self._call("GET", f"{found.SLURM}/ping")
+            if ping.get("errors"):
+                raise self._err(
+                    "token",
+                    f"slurmrestd refused the token of user {self.cluster.user!r}"
+                    f" (expired, or not this user's; from {self._token_source()}):"
+                    f" {_describe(ping)}",
+                )
+            self._api = found
+        return self._api
+
+    def _token_source(self) -> str:
+        c = self.cluster
+        if c.token is not None:
+            return "the token setting"
+        if c.token_command:
+            return "token_command"
+        if c.token_file:
+            return f"token_file {c.token_file}"
+        return f"${c.token_env}"
+
+    # -- the client ---------------------------------------------------------------------------
+
+    def submit(self, req: SlurmBatchRequest, workdir: str | None, hold: bool) -> str:
+        api = self.api
+        body = api.submission(req, workdir or self.default_workdir or "/", hold, BATCH_ENV)
+        payload = self._call("POST", f"{api.SLURM}/job/submit", retry=False, json=body)
+        if payload.get("errors") or not payload.get("job_id"):
+            raise SubmitRefused(_describe(payload))
+        return str(payload["job_id"])
+
+    def controller_jobs(self, job_ids: list[str]) -> tuple[dict[str, JobInfo], str | None]:
+        try:
+            payload = self._call("GET", f"{self.api.SLURM}/jobs")
+        except TransportError as e:
+            return {}, str(e)
+        if payload.get("errors"):
+            return {}, _describe(payload)
+        wanted = set(job_ids)
+        return {k: v for k, v in self.api.parse_jobs(payload).items() if k in wanted}, None
+
+    def accounting_jobs(self, job_ids: list[str]) -> dict[str, JobInfo] | None:
+        found: dict[str, JobInfo] = {}
+        for job_id in job_ids:
+            try:
+                payload = self._call("GET", f"{self.api.SLURMDB}/job/{job_id}")
+            except TransportError as e:
+                log.debug("accounting for %s: %s", job_id, e)
+                return None
+            if payload.get("_status") == 404:
+                return None  # no dbv plugin: accounting is not available
+            found.update(self.api.parse_accounting(payload))
+        return found
+
+    def user_jobs(self) -> dict[str, JobInfo]:
+        return self.api.parse_jobs(self._call("GET", f"{self.api.SLURM}/jobs"), self.cluster.user)
+
+    def user_accounting(self, since: str) -> dict[str, JobInfo]:
+        payload = self._call("GET", f"{self.api.SLURMDB}/jobs", params={"start_time": since})
+        return self.api.parse_accounting(payload, self.cluster.user)
+
+    def release(self, job_id: str) -> None:
+        payload = self._call("POST", f"{self.api.SLURM}/job/{job_id}", json={"hold": False})
+        if payload.get("errors"):
+            log.debug("release %s: %s", job_id, _describe(payload))
+
+    def cancel(self, job_id: str) -> None:
+        payload = self._call("DELETE", f"{self.api.SLURM}/job/{job_id}")
+        if payload.get("errors"):
+            text = _describe(payload)
+            if any(g in text for g in _GONE):
+                log.debug("cancel %s: %s", job_id, text)
+                return
+            raise RuntimeError(
+                f"cluster {self.cluster.name!r}: cancelling job {job_id} failed: {text}"
+            )
+
+    def set_comment(self, job_id: str, comment: str) -> None:
+        payload = self._call("POST", f"{self.api.SLURM}/job/{job_id}", json={"comment": comment})
+        if payload.get("errors"):
+            log.debug("comment of %s: %s", job_id, _describe(payload))
+
+    def partitions(self) -> tuple[dict[str, int], str | None]:
+        parts = self._call("GET", f"{self.api.SLURM}/partitions")
+        nodes = self._call("GET", f"{self.api.SLURM}/nodes")
+        return self.api.parse_partitions(parts, nodes)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def _describe(payload: dict[str, Any]) -> str:
+    errors = payload.get("errors") or []
+    parts = [str(e.get("description") or e.get("error") or e) for e in errors]
+    return "; ".join(parts) or f"HTTP {payload.get('_status')}"
+
+
+def _auth_problem(payload: dict[str, Any]) -> bool:
+    """True for the answers slurmrestd gives to a missing or refused JWT."""
+    if payload.get("_status") == 401:
+        return True
+    errors = payload.get("errors") or []
+    return any(
+        e.get("error_number") == -1 and e.get("error") == "Unspecified error" for e in errors
+    )

@@ -1,0 +1,167 @@
+"""slurmrestd's API v0.0.38 (Slurm 22.05): ``openapi/v0.0.38`` and ``openapi/dbv0.0.38``.
+
+Everything that depends on the API version is here: paths, the job properties of a
+submission, and how the answers map to :class:`JobInfo`. A newer version (v0.0.39-v0.0.42) is
+one more module with the same names, listed in ``rest.API_VERSIONS``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from core.schedulers.slurm.jobinfo import AccountingParser, JobInfo, add_controller_row
+from core.schedulers.slurm.script import SlurmBatchRequest, SlurmReplicaRequest
+
+VERSION = "v0.0.38"
+SLURM = "/slurm/v0.0.38"
+SLURMDB = "/slurmdb/v0.0.38"
+
+#: sbatch options that map one to one onto job properties
+_PLAIN = {
+    "job-name": "name",
+    "partition": "partition",
+    "comment": "comment",
+    "constraint": "constraints",
+    "mail-user": "mail_user",
+    "mail-type": "mail_type",
+    "gpus-per-task": "gpus_per_task",
+}
+_INTS = {"ntasks": "tasks", "cpus-per-task": "cpus_per_task", "mem": "memory_per_node"}
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def time_minutes(value: str) -> int | None:
+    """sbatch's ``--time`` formats in whole minutes (rounded up); None for no limit."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    m = _TIME_RE.match(value)
+    if not m:
+        raise ValueError(f"cfg.time: cannot read {value!r}")
+    days, a, b, c = m.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        seconds = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # hours:minutes:seconds
+        seconds = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # minutes:seconds
+        seconds = int(a) * 60 + int(b)
+    else:  # minutes
+        seconds = int(a) * 60
+    return math.ceil(seconds / 60)
+
+
+def _component(rep: SlurmReplicaRequest, workdir: str, env: Mapping[str, str]) -> dict[str, Any]:
+    props: dict[str, Any] = {"current_working_directory": workdir, "environment": dict(env)}
+    for opt, value in rep.sbatch_opts.items():
+        if opt in _PLAIN and value is not None:
+            props[_PLAIN[opt]] = value
+        elif opt in _INTS and value is not None:
+            props[_INTS[opt]] = int(value)
+        elif opt == "time" and value is not None:
+            minutes = time_minutes(value)
+            if minutes is not None:
+                props["time_limit"] = minutes
+        elif opt == "requeue":
+            props["requeue"] = True
+    return props
+
+
+def submission(
+    req: SlurmBatchRequest, workdir: str, hold: bool, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """The body of ``POST job/submit``: the batch script (its ``#SBATCH`` lines are not read
+    by slurmrestd) and one set of job properties per het component. ``env`` is the batch
+    step's environment (the replicas' own is in the script)."""
+    comps = [_component(r, workdir, env) for r in req.replicas.values()]
+    comps[0]["standard_output"] = f"{workdir}/slurm-%j.out"
+    if hold:
+        comps[0]["hold"] = True
+    body: dict[str, Any] = {"script": req.materialize()}
+    if len(comps) == 1:
+        body["job"] = comps[0]
+    else:
+        body["jobs"] = comps
+    return body
+
+
+def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str, JobInfo]:
+    """``GET jobs`` / ``GET job/{id}`` as jobs keyed by app id (only ``user``'s if given)."""
+    jobs: dict[str, JobInfo] = {}
+    for j in payload.get("jobs") or []:
+        if user and j.get("user_name") != user:
+            continue
+        het_id = j.get("het_job_id") or 0
+        app_id = str(het_id or j["job_id"])
+        off = int(j.get("het_job_offset") or 0) if het_id else 0
+        row = {
+            "state": str(j.get("job_state") or ""),
+            "restarts": str(j.get("restart_cnt") or 0),
+            "derived": str(j.get("derived_exit_code") or 0),
+            "name": str(j.get("name") or ""),
+            "nodes": str(j.get("nodes") or ""),
+            "workdir": str(j.get("current_working_directory") or ""),
+            "reason": str(j.get("state_reason") or "None"),
+            "comment": str(j.get("comment") or ""),
+        }
+        add_controller_row(jobs, app_id, off, row)
+    return jobs
+
+
+def _exit_code(raw: Mapping[str, Any] | None) -> int | None:
+    if not raw:
+        return None
+    signal = (raw.get("signal") or {}).get("signal_id")
+    if raw.get("status") == "SIGNALED" and signal:
+        return -int(signal)
+    code = raw.get("return_code")
+    return int(code) if code is not None else None
+
+
+def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dict[str, JobInfo]:
+    """``GET slurmdb jobs`` / ``job/{id}`` as jobs keyed by app id (only ``user``'s if
+    given)."""
+    parser = AccountingParser()
+    for j in payload.get("jobs") or []:
+        if user and j.get("user") != user:
+            continue
+        het = j.get("het") or {}
+        het_id = het.get("job_id") or 0
+        app_id = str(het_id or j["job_id"])
+        off = int(het.get("job_offset") or 0) if het_id else 0
+        rec = {
+            "name": str(j.get("name") or ""),
+            "state": str((j.get("state") or {}).get("current") or ""),
+            "nodes": str(j.get("nodes") or ""),
+            "workdir": str(j.get("working_directory") or ""),
+            "comment": str((j.get("comment") or {}).get("job") or ""),
+        }
+        parser.allocation(app_id, off, rec)
+        for step in j.get("steps") or []:
+            step_id = str((step.get("step") or {}).get("id", ""))
+            if step_id.isdigit():
+                parser.step(
+                    app_id, off, str(step.get("state") or ""), _exit_code(step.get("exit_code"))
+                )
+    return parser.result()
+
+
+def parse_partitions(
+    partitions: Mapping[str, Any], nodes: Mapping[str, Any]
+) -> tuple[dict[str, int], str | None]:
+    """Each partition's smallest node RealMemory (MB), and the default partition."""
+    memory: dict[str, int] = {}
+    for node in nodes.get("nodes") or []:
+        for part in node.get("partitions") or []:
+            value = int(node.get("real_memory") or 0)
+            memory[part] = min(value, memory.get(part, value))
+    default = next(
+        (
+            p["name"]
+            for p in partitions.get("partitions") or []
+            if "default" in (p.get("flags") or [])
+        ),
+        None,
+    )
+    return memory, default

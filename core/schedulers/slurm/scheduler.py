@@ -1,0 +1,676 @@
+"""The ``slurm`` scheduler: every app is one heterogeneous Slurm job, on this host's cluster or
+on a named cluster reached over SSH or slurmrestd (see :mod:`core.clusters`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any, TypedDict
+
+from core.clusters import ClusterConfig, ClusterError, get_cluster
+from core.schedulers.api import (
+    IDEMPOTENCY_KEY,
+    DescribeAppResponse,
+    ListAppResponse,
+    Scheduler,
+    Stream,
+    check_stream,
+    filter_regex,
+)
+from core.schedulers.slurm.jobinfo import JobInfo, app_state, to_response
+from core.schedulers.slurm.logs import read_lines
+from core.schedulers.slurm.script import (
+    RANK0_ENV,
+    SBATCH_JOB_OPTIONS,
+    SlurmBatchRequest,
+    SlurmReplicaRequest,
+    comment_key,
+    key_mark,
+    key_token,
+    lost_comment,
+)
+from core.schedulers.slurm.transport import (
+    CommandClient,
+    Files,
+    LocalFiles,
+    LocalShell,
+    SlurmClient,
+    SubmitRefused,
+    TransportError,
+    submit_error,
+)
+from core.specs import (
+    AppDef,
+    AppDryRunInfo,
+    CfgVal,
+    RetryPolicy,
+    Role,
+    is_terminal,
+    macros,
+    runopts,
+)
+from core.workspace import DirWorkspaceMixin, walk_workspace
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SlurmOpts", "SlurmScheduler", "create_scheduler"]
+
+_TIME_RE = re.compile(r"^(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+)$")
+_PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
+_MAIL_TYPES = frozenset(
+    "NONE BEGIN END FAIL REQUEUE ALL INVALID_DEPEND STAGE_OUT TIME_LIMIT TIME_LIMIT_90"
+    " TIME_LIMIT_80 TIME_LIMIT_50 ARRAY_TASKS".split()
+)
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_JOB_ID_RE = re.compile(r"^[0-9]+$")
+_APP_ID_RE = re.compile(r"^(?:(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):)?(?P<job>[0-9]+)$")
+_STR_OPTIONS = (*SBATCH_JOB_OPTIONS, "job_dir", "cluster")
+
+
+class SlurmOpts(TypedDict, total=False):
+    """The run options of the ``slurm`` scheduler (see ``shipyard runopts slurm``)."""
+
+    partition: str
+    time: str
+    comment: str
+    constraint: str
+    mail_user: str  # (cfg key "mail-user")
+    mail_type: str  # (cfg key "mail-type")
+    job_dir: str
+    cluster: str
+
+
+class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
+    """Runs apps on a Slurm cluster as heterogeneous jobs (see the package docs).
+
+    ``describe`` asks the controller once per poll for any number of jobs of one cluster
+    (``squeue``, or slurmrestd's job list) and accounting (``sacct``) only for jobs the
+    controller forgot or that were requeued. Replica ``k`` of role ``r`` is the het-job
+    component named ``r-k``. App ids are the job id (this host's cluster) or
+    ``{cluster}:{job id}`` (a named cluster).
+
+    Args:
+        session_name: the session the apps are submitted under
+    """
+
+    def __init__(self, session_name: str, **kwargs: Any) -> None:
+        super().__init__("slurm", session_name)
+        self._lock = threading.Lock()
+        self._clients: dict[str | None, SlurmClient] = {}
+        self._clusters: dict[str, ClusterConfig] = {}
+        self._partitions: dict[str | None, tuple[dict[str, int], str | None]] = {}
+        self._default_dirs: dict[str | None, str | None] = {}
+        self._workdirs: dict[str, str] = {}
+        self._created_job_dirs: set[str] = set()
+
+    # -- clusters ------------------------------------------------------------------------------
+
+    def _cluster(self, name: str) -> ClusterConfig:
+        with self._lock:
+            found = self._clusters.get(name)
+        if found is None:
+            found = get_cluster(name)
+            with self._lock:
+                self._clusters[name] = found
+        return found
+
+    def _client(self, cluster: str | None) -> SlurmClient:
+        with self._lock:
+            client = self._clients.get(cluster)
+        if client is None:
+            client = _make_client(None if cluster is None else self._cluster(cluster))
+            with self._lock:
+                client = self._clients.setdefault(cluster, client)
+        return client
+
+    def _default_dir(self, cluster: str | None) -> str | None:
+        """Where a job without ``job_dir`` runs: this process's directory (this host's
+        cluster) or the cluster's ``remote_dir`` (relative to the login user's home)."""
+        if cluster not in self._default_dirs:
+            if cluster is None:
+                path = None
+            else:
+                config = self._cluster(cluster)
+                path = config.remote_dir or "shipyard"
+                if not path.startswith("/"):
+                    path = posixpath.join(_home(self._client(cluster)), path)
+            self._default_dirs[cluster] = path
+        return self._default_dirs[cluster]
+
+    def _probe(self, cluster: str) -> None:
+        """Reaches the cluster once (before anything is submitted), so that a bad host, key,
+        host key, token or API version is one clear error naming the setting."""
+        config = self._cluster(cluster)
+        client = self._client(cluster)
+        try:
+            if config.transport == "rest":
+                client.partitions()
+            self._default_dir(cluster)
+        except TransportError as e:
+            where = "rest_url" if config.transport == "rest" else "host"
+            raise ClusterError(f"cluster {cluster!r}: {where}: {e}") from None
+
+    # -- options -----------------------------------------------------------------------------
+
+    def _run_opts(self) -> runopts:
+        opts = runopts()
+        opts.add("partition", type_=str, help="The partition to run the job in.")
+        opts.add(
+            "time",
+            type_=str,
+            help='The maximum time the job is allowed to run for. Formats: "minutes",'
+            ' "minutes:seconds", "hours:minutes:seconds", "days-hours", "days-hours:minutes"'
+            ' or "days-hours:minutes:seconds"',
+        )
+        opts.add("comment", type_=str, help="Comment to set on the slurm job.")
+        opts.add("constraint", type_=str, help="Constraint to use for the slurm job.")
+        opts.add("mail-user", type_=str, help="User to mail on job end.")
+        opts.add("mail-type", type_=str, help="What events to mail users on.")
+        opts.add(
+            "job_dir",
+            type_=str,
+            help="The directory to place the job code and outputs. The directory must not"
+            " exist and will be created (on a named cluster: relative to its remote_dir).",
+        )
+        opts.add(
+            "cluster",
+            type_=str,
+            help="A named cluster of clusters.yaml (or registered in this process), reached"
+            " over SSH or slurmrestd; default: this host's Slurm commands.",
+        )
+        return opts
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
+        _validate_options(cfg)
+        for i, role in enumerate(app.roles):
+            if role.max_retries > 0 and role.retry_policy != RetryPolicy.APPLICATION:
+                raise ValueError(
+                    f"roles[{i}].retry_policy: slurm supports only APPLICATION (the whole job is"
+                    f" requeued), got {role.retry_policy.value}"
+                )
+            if role.mounts:
+                raise ValueError(f"roles[{i}].mounts: the slurm scheduler does not support mounts")
+        cluster = _cfg_cluster(cfg)
+        if cluster is not None:
+            self._probe(cluster)
+        job_dir = self._job_dir(cfg)
+        if job_dir and job_dir not in self._created_job_dirs:
+            files = self._client(cluster).files or LocalFiles()
+            if files.exists(job_dir):
+                raise ValueError(
+                    f"cfg.job_dir: must not exist (it is created), but {job_dir} exists"
+                )
+
+    def _job_dir(self, cfg: Mapping[str, CfgVal]) -> str | None:
+        value = cfg.get("job_dir")
+        if not value:
+            return None
+        cluster = _cfg_cluster(cfg)
+        if cluster is None:
+            return os.path.abspath(str(value))
+        base = self._default_dir(cluster) or "/"
+        return posixpath.normpath(posixpath.join(base, str(value)))
+
+    # -- workspace -----------------------------------------------------------------------------
+
+    def build_workspace_and_update_role(
+        self, role: Role, workspace: str, cfg: Mapping[str, CfgVal]
+    ) -> None:
+        """Snapshots ``workspace`` into the new ``cfg.job_dir`` (on a named cluster: uploaded
+        over SFTP, or written to its local mount), where the job then runs."""
+        cluster = _cfg_cluster(cfg)
+        if cluster is None or self._cluster(cluster).transport == "local":
+            super().build_workspace_and_update_role(role, workspace, cfg)
+            job_dir = cfg.get("job_dir")
+            if isinstance(job_dir, str) and job_dir:
+                self._created_job_dirs.add(os.path.abspath(job_dir))
+            return
+        job_dir = self._job_dir(cfg)
+        if not job_dir:
+            return
+        files = _files_or_fail(self._client(cluster), cluster, "job_dir snapshots")
+        if not files.mkdir(job_dir, parents=True):
+            raise ValueError(f"cfg.job_dir: must not exist (it is created), but {job_dir} exists")
+        count = _upload(files, workspace, job_dir)
+        log.info("workspace %s uploaded into %s:%s (%d files)", workspace, cluster, job_dir, count)
+        self._created_job_dirs.add(job_dir)
+        role.image = job_dir
+
+    # -- submitting ----------------------------------------------------------------------------
+
+    def _nomem(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> bool:
+        """True where the partition's nodes have (almost) no RealMemory configured: such
+        partitions reject any ``--mem`` request."""
+        if not any(role.resource.memMB > 0 for role in app.roles):
+            return False
+        cluster = _cfg_cluster(cfg)
+        if cluster not in self._partitions:
+            try:
+                self._partitions[cluster] = self._client(cluster).partitions()
+            except TransportError as e:
+                log.debug("partition sizes unknown: %s", e)
+                self._partitions[cluster] = ({}, None)
+        memory, default = self._partitions[cluster]
+        part = cfg.get("partition")
+        wanted = str(part) if part else default
+        mem = memory.get(wanted.split(",")[0]) if wanted else None
+        return mem is not None and mem < 1000
+
+    def _submit_dryrun(
+        self, app: AppDef, cfg: Mapping[str, CfgVal]
+    ) -> AppDryRunInfo[SlurmBatchRequest]:
+        cluster = _cfg_cluster(cfg)
+        job_dir = self._job_dir(cfg)
+        nomem = self._nomem(app, cfg)
+        job_cfg = dict(cfg)
+        key = app.metadata.get(IDEMPOTENCY_KEY)
+        if key:
+            user_comment = str(cfg.get("comment") or "")
+            mark = key_mark(str(key))
+            job_cfg["comment"] = f"{user_comment} {mark}" if user_comment else mark
+        img_root = job_dir or self._default_dir(cluster) or os.getcwd()
+        replicas: dict[str, SlurmReplicaRequest] = {}
+        for role in app.roles:
+            for replica_id in range(role.num_replicas):
+                name = f"{role.name}-{replica_id}"
+                replica_role = _replica_role(role, replica_id, img_root)
+                replicas[name] = SlurmReplicaRequest.from_role(name, replica_role, job_cfg, nomem)
+        max_retries = max(role.max_retries for role in app.roles)
+        if max_retries > 0:
+            next(iter(replicas.values())).sbatch_opts["requeue"] = None
+        req = SlurmBatchRequest(
+            cmd=["sbatch", "--parsable"],
+            replicas=replicas,
+            job_dir=job_dir,
+            max_retries=max_retries,
+            app_name=app.name,
+            cluster=cluster,
+            key=key_token(str(key)) if key else None,
+        )
+        req.order_components()
+        return AppDryRunInfo(req, lambda r: r.materialize())
+
+    def schedule(self, dryrun_info: AppDryRunInfo[SlurmBatchRequest]) -> str:
+        """Queues the job (in ``job_dir`` if set) and returns its app id. With an idempotency
+        key the job is queued held and released only if it is the key's first job; otherwise
+        it is cancelled before it ran and the first job's id is returned.
+
+        Raises:
+            ValueError: Slurm rejected an option (e.g. an unknown partition): nothing queued.
+            RuntimeError: the submission failed for another reason.
+        """
+        req = dryrun_info.request
+        client = self._client(req.cluster)
+        workdir = req.job_dir or self._default_dir(req.cluster)
+        created = self._prepare_workdir(client, req, workdir)
+        try:
+            job_id = client.submit(req, workdir, hold=bool(req.key))
+        except SubmitRefused as e:
+            self._undo_job_dir(client, req.job_dir, created)
+            first = next(iter(req.replicas.values()))
+            raise submit_error(str(e), dict(first.sbatch_opts)) from None
+        except TransportError as e:
+            raise RuntimeError(
+                f"slurm: the submission may or may not have reached the cluster: {e}"
+            ) from e
+        if req.key:
+            job_id = self._settle_key(client, req.key, job_id)
+        app_id = _join(req.cluster, job_id)
+        if workdir:
+            self._workdirs[app_id] = workdir
+        if req.job_dir:
+            self._created_job_dirs.discard(req.job_dir)
+        log.info("submitted slurm job %s (%d replicas)", app_id, len(req.replicas))
+        return app_id
+
+    def _prepare_workdir(
+        self, client: SlurmClient, req: SlurmBatchRequest, workdir: str | None
+    ) -> bool:
+        """Creates the job's directory (``job_dir``, or a cluster's ``remote_dir``) and keeps
+        a copy of the script in ``job_dir`` (readable by its owner only). True if this call
+        created ``job_dir``."""
+        if workdir is None:
+            return False
+        files = client.files or LocalFiles()
+        created = files.mkdir(workdir, parents=True)
+        if req.job_dir:
+            files.write(
+                posixpath.join(req.job_dir, "shipyard-sbatch.sh"), req.materialize().encode()
+            )
+        return created
+
+    @staticmethod
+    def _undo_job_dir(client: SlurmClient, job_dir: str | None, created: bool) -> None:
+        if job_dir and created and isinstance(client.files, LocalFiles | None):
+            try:
+                os.remove(os.path.join(job_dir, "shipyard-sbatch.sh"))
+                os.rmdir(job_dir)
+            except OSError:
+                pass
+
+    def _settle_key(self, client: SlurmClient, token: str, mine: str) -> str:
+        """Decides, among the jobs that carry the key ``token``, which one runs: the first
+        (lowest id). Every submitter decides the same; each releases the winner (which also
+        finishes a submit whose submitter died before releasing) and cancels its own job if it
+        lost, before that job could run."""
+        try:
+            jobs = client.user_jobs()
+            ids = sorted((int(a) for a, j in jobs.items() if comment_key(j.comment) == token))
+            winner = str(ids[0]) if ids else mine
+            client.release(winner)
+            if winner != mine:
+                comment = jobs[mine].comment if mine in jobs else ""
+                client.set_comment(mine, lost_comment(comment))
+                client.cancel(mine)
+                log.info("job %s lost the race for its key to job %s; cancelled", mine, winner)
+        except BaseException:
+            client.cancel(mine)  # held: it never ran
+            raise
+        return winner
+
+    # -- describing ----------------------------------------------------------------------------
+
+    def _job_infos(self, app_ids: Iterable[str]) -> dict[str, JobInfo]:
+        """What Slurm says of ``app_ids``, keyed by app id: one controller call per cluster,
+        accounting only for jobs it forgot (or requeued ones that ended)."""
+        groups: dict[str | None, list[str]] = {}
+        for app_id in dict.fromkeys(app_ids):
+            parts = _split(app_id)
+            if parts is not None:
+                groups.setdefault(parts[0], []).append(parts[1])
+        found: dict[str, JobInfo] = {}
+        for cluster, ids in groups.items():
+            for job_id, info in _describe_jobs(self._client(cluster), ids).items():
+                app_id = _join(cluster, job_id)
+                found[app_id] = info
+                if info.workdir:
+                    self._workdirs[app_id] = info.workdir
+        return found
+
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        """The job's state, restarts and per-replica states, exit codes and nodes (None if
+        Slurm does not know ``app_id``). One controller call while the controller knows it."""
+        info = self._job_infos([app_id]).get(app_id)
+        return to_response(info, app_id) if info else None
+
+    def describe_many(self, app_ids: Iterable[str]) -> dict[str, DescribeAppResponse | None]:
+        """Describes several jobs with one controller call per cluster (and at most one
+        accounting call)."""
+        ids = list(app_ids)
+        infos = self._job_infos(ids)
+        return {a: (to_response(infos[a], a) if a in infos else None) for a in ids}
+
+    def list(self, cfg: Mapping[str, CfgVal] | None = None) -> list[ListAppResponse]:
+        """The user's Slurm jobs on the cluster of ``cfg`` (default this host's): those the
+        controller knows plus today's from accounting."""
+        cluster = _cfg_cluster(cfg or {})
+        client = self._client(cluster)
+        out = {a: app_state(j.state) for a, j in client.user_accounting("now-1days").items()}
+        out.update({a: app_state(j.state) for a, j in client.user_jobs().items()})
+        ordered = sorted(out.items(), key=lambda kv: int(kv[0]))
+        return [ListAppResponse(app_id=_join(cluster, a), state=s) for a, s in ordered]
+
+    def find_by_idempotency_key(
+        self, key: str, cfg: Mapping[str, CfgVal] | None = None
+    ) -> str | None:
+        """The job submitted with idempotency ``key`` (stored in its comment) on the cluster of
+        ``cfg``. A job still held because its submitter died before releasing it is released
+        (the retry finishes that submit)."""
+        cluster = _cfg_cluster(cfg or {})
+        client = self._client(cluster)
+        token = key_token(key)
+        jobs = client.user_jobs()
+        hits = sorted(int(a) for a, j in jobs.items() if comment_key(j.comment) == token)
+        if not hits:
+            acct = client.user_accounting("now-30days")
+            hits = sorted(int(a) for a, j in acct.items() if comment_key(j.comment) == token)
+        if not hits:
+            return None
+        winner = str(hits[0])
+        if winner in jobs and jobs[winner].held:
+            client.release(winner)
+        return _join(cluster, winner)
+
+    # -- cancelling ----------------------------------------------------------------------------
+
+    def cancel(self, app_id: str) -> None:
+        """Cancels the job (every component). Idempotent: cancelling a job that ended or that
+        Slurm does not know does nothing."""
+        parts = _split(app_id)
+        if parts is not None:
+            self._client(parts[0]).cancel(parts[1])
+
+    def _cancel_existing(self, app_id: str) -> None:
+        self.cancel(app_id)
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    def log_iter(
+        self,
+        app_id: str,
+        role_name: str,
+        k: int = 0,
+        regex: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        should_tail: bool = False,
+        streams: Stream | None = None,
+    ) -> Iterable[str]:
+        """Lines of ``slurm-<job id>-<role>-<k>.out`` (stdout, the default) or ``.err``
+        (stderr) in the job's directory, found through Slurm and read from the cluster's
+        files. ``since``/``until`` are ignored (lines carry no times); with ``should_tail``
+        it follows the file until the job ends.
+
+        Raises:
+            ValueError: for ``streams=combined`` (stdout and stderr are separate files), if
+                Slurm does not know the job, or if the cluster's files cannot be read.
+        """
+        stream = check_stream(streams, [Stream.STDOUT, Stream.STDERR])
+        parts = _split(app_id)
+        if parts is None:
+            raise ValueError(f"app_id: not a slurm app id: {app_id!r}")
+        cluster, job_id = parts
+        files = _files_or_fail(self._client(cluster), cluster, "logs")
+        if app_id not in self._workdirs:
+            self._job_infos([app_id])
+        workdir = self._workdirs.get(app_id)
+        if workdir is None:
+            raise ValueError(f"app_id: slurm does not know job {app_id!r}")
+        ext = "err" if stream == Stream.STDERR else "out"
+        path = posixpath.join(workdir, f"slurm-{job_id}-{role_name}-{k}.{ext}")
+        lines = read_lines(files, path, self._terminal_check(app_id) if should_tail else None)
+        return filter_regex(regex, lines)
+
+    def _terminal_check(self, app_id: str) -> Callable[[], bool]:
+        def ended() -> bool:
+            try:
+                desc = self.describe(app_id)
+            except (RuntimeError, TransportError) as e:  # controller briefly away: keep going
+                log.debug("describe %s while tailing: %s", app_id, e)
+                return False
+            return desc is None or is_terminal(desc.state)
+
+        return ended
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+
+# -----------------------------------------------------------------------------------------------
+# helpers
+# -----------------------------------------------------------------------------------------------
+
+
+def _make_client(config: ClusterConfig | None) -> SlurmClient:
+    if config is None:
+        return CommandClient(LocalShell())
+    if config.transport == "local":
+        return CommandClient(LocalShell(), config.remote_dir)
+    if config.transport == "ssh":
+        from core.schedulers.slurm.ssh import SSHShell
+
+        return CommandClient(SSHShell(config))
+    from core.schedulers.slurm.rest import RestClient
+
+    files: Files | None = None
+    if config.local_mount:
+        files = LocalFiles(config.remote_dir, config.local_mount)
+    elif config.host:
+        from core.schedulers.slurm.ssh import SFTPFiles, connection
+
+        files = SFTPFiles(connection(config))
+    return RestClient(config, files)
+
+
+def _home(client: SlurmClient) -> str:
+    home = client.home()
+    if home is None:
+        raise ClusterError("remote_dir: an absolute directory is required for this cluster")
+    return home
+
+
+def _files_or_fail(client: SlurmClient, cluster: str | None, what: str) -> Files:
+    if client.files is None:
+        raise ValueError(
+            f"cluster {cluster!r}: {what} cannot be read or written: slurmrestd has no file"
+            " access; set host (SSH/SFTP to a login node) or local_mount (remote_dir mounted"
+            " here) in its settings"
+        )
+    return client.files
+
+
+def _upload(files: Files, workspace: str, job_dir: str) -> int:
+    made = {job_dir}
+    count = 0
+    for fs, src, rel in walk_workspace(workspace):
+        dst = posixpath.join(job_dir, rel)
+        parent = posixpath.dirname(dst)
+        for d in _parents(parent, job_dir):
+            if d not in made:
+                files.mkdir(d, 0o700)
+                made.add(d)
+        with fs.open(src, "rb") as f:
+            data = f.read()
+        mode = 0o700 if os.access(src, os.X_OK) else 0o600
+        files.write(dst, data, mode)
+        count += 1
+    return count
+
+
+def _parents(path: str, stop: str) -> list[str]:
+    out: list[str] = []
+    while path != stop and path.startswith(stop + "/"):
+        out.append(path)
+        path = posixpath.dirname(path)
+    return out[::-1]
+
+
+def _replica_role(role: Role, replica_id: int, img_root: str) -> Role:
+    values = macros.Values(
+        img_root=img_root, app_id=macros.app_id, replica_id=str(replica_id), rank0_env=RANK0_ENV
+    )
+    replica_role = values.apply(role)
+    replica_role.env.update(
+        {
+            "SHIPYARD_APP_ID": macros.app_id,
+            "SHIPYARD_ROLE_NAME": role.name,
+            "SHIPYARD_REPLICA_ID": str(replica_id),
+            "SHIPYARD_NUM_REPLICAS": str(role.num_replicas),
+        }
+    )
+    return replica_role
+
+
+def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
+    found, controller_error = client.controller_jobs(ids)
+    # accounting for jobs the controller forgot, and for requeued ones that ended (the
+    # controller's derived exit codes span every attempt; accounting has each attempt's steps)
+    need = [
+        a
+        for a in ids
+        if a not in found or (found[a].restarts > 0 and is_terminal(app_state(found[a].state)))
+    ]
+    if need:
+        acct = client.accounting_jobs(need) or {}
+        for a in need:
+            info = acct.get(a)
+            if info is None or not info.components:
+                continue
+            if a in found and (
+                not is_terminal(app_state(info.state))
+                or set(info.components) != set(found[a].components)
+            ):
+                continue  # accounting lags behind the controller: keep its answer
+            if a in found:
+                info.restarts = max(info.restarts, found[a].restarts)
+            found[a] = info
+    if controller_error is not None:
+        unknown = [a for a in ids if a not in found]
+        if unknown:
+            # the controller did not answer: "no such job" would be a lie
+            raise RuntimeError(
+                f"slurm: cannot describe job(s) {', '.join(unknown)}: the controller did not"
+                f" answer ({controller_error}) and accounting does not know them"
+            )
+    return found
+
+
+def _split(app_id: str) -> tuple[str | None, str] | None:
+    m = _APP_ID_RE.match(app_id) if isinstance(app_id, str) else None
+    return (m.group("cluster"), m.group("job")) if m else None
+
+
+def _join(cluster: str | None, job_id: str) -> str:
+    return f"{cluster}:{job_id}" if cluster else job_id
+
+
+def _cfg_cluster(cfg: Mapping[str, CfgVal]) -> str | None:
+    value = cfg.get("cluster")
+    return str(value) if value else None
+
+
+def _validate_options(cfg: Mapping[str, CfgVal]) -> None:
+    for key in _STR_OPTIONS:
+        value = cfg.get(key)
+        if value is not None and (not isinstance(value, str) or _CONTROL_RE.search(value)):
+            raise ValueError(
+                f"cfg.{key}: expected a string without control characters, got {value!r}"
+            )
+    t = cfg.get("time")
+    if t and not (_TIME_RE.match(str(t)) or str(t).upper() in ("UNLIMITED", "INFINITE")):
+        raise ValueError(
+            "cfg.time: expected minutes, minutes:seconds, hours:minutes:seconds, days-hours,"
+            f" days-hours:minutes or days-hours:minutes:seconds, got {t!r}"
+        )
+    part = cfg.get("partition")
+    if part and not _PARTITION_RE.match(str(part)):
+        raise ValueError(
+            f"cfg.partition: expected partition name(s) of letters, digits, '_', '.', '-', got {part!r}"
+        )
+    mail_type = cfg.get("mail-type")
+    if mail_type:
+        bad = [m for m in str(mail_type).split(",") if m.strip().upper() not in _MAIL_TYPES]
+        if bad:
+            raise ValueError(
+                f"cfg.mail-type: expected a comma-separated list of {sorted(_MAIL_TYPES)},"
+                f" got {mail_type!r}"
+            )
+    for key in ("mail-user", "constraint"):
+        value = cfg.get(key)
+        if value and re.search(r"\s", str(value)):
+            raise ValueError(f"cfg.{key}: expected no whitespace, got {value!r}")
+
+
+def create_scheduler(session_name: str, **kwargs: Any) -> SlurmScheduler:
+    """The ``slurm`` scheduler factory (entry point ``shipyard.schedulers``)."""
+    return SlurmScheduler(session_name, **kwargs)

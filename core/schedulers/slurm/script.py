@@ -1,0 +1,274 @@
+"""The batch script of an app: one heterogeneous-job component per replica, one ``srun``.
+
+Replicas' environment values never reach a command line (``ps`` shows every process's argv to
+every user): the script exports each value under a private name, and each component's command
+starts with a small ``/bin/sh -c`` prelude that copies those names to the real ones and drops
+the private ones. The script itself is readable by its owner only (Slurm keeps it in its state
+directory; a ``job_dir`` copy is written with mode 0600).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from core.specs import CfgVal, Role, macros
+
+__all__ = [
+    "RANK0_ENV",
+    "SBATCH_JOB_OPTIONS",
+    "SlurmBatchRequest",
+    "SlurmReplicaRequest",
+    "comment_key",
+    "key_mark",
+]
+
+#: cfg options passed to ``sbatch`` for every component of the job
+SBATCH_JOB_OPTIONS: tuple[str, ...] = (
+    "partition",
+    "time",
+    "comment",
+    "constraint",
+    "mail-user",
+    "mail-type",
+)
+
+#: the environment variable, set in every replica, that names the node of replica 0 of role 0
+#: (that replica is not always component 0: see :meth:`SlurmBatchRequest.order_components`)
+RANK0_ENV = "SHIPYARD_RANK0_HOST"
+
+_APP_ID_EXPR = '"$SLURM_JOB_ID"'  # the app id is the het job's (leader's) id, known at run time
+_KEY_MARK = "shipyard-key="
+_LOST_MARK = "shipyard-lost="
+_KEY_IN_COMMENT_RE = re.compile(r"(?:^|\s)shipyard-key=(\S+)")
+_SAFE_KEY_RE = re.compile(r"^[A-Za-z0-9_.:@+-]{1,100}$")
+_SAFE_SBATCH_RE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]+$")
+
+
+def shell_quote(value: str, app_id_expr: str = _APP_ID_EXPR) -> str:
+    """Quotes ``value`` for bash, turning ``${app_id}`` into the job id at run time."""
+    parts = value.split(macros.app_id)
+    if len(parts) == 1:
+        return shlex.quote(value)
+    return app_id_expr.join(shlex.quote(p) if p else "" for p in parts)
+
+
+def _sbatch_value(value: str) -> str:
+    """Quotes a value for sbatch's own ``#SBATCH`` line parser (which honours ``"`` and ``\\``)."""
+    if _SAFE_SBATCH_RE.match(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def key_token(key: str) -> str:
+    """How an idempotency key is stored in the job's comment (hashed unless plainly safe)."""
+    if _SAFE_KEY_RE.match(key):
+        return key
+    return "sha256-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
+
+
+def key_mark(key: str) -> str:
+    """The comment word that carries idempotency ``key``."""
+    return _KEY_MARK + key_token(key)
+
+
+def lost_comment(comment: str) -> str:
+    """``comment`` with its key word turned into the mark of a submission that lost the race
+    for its key (so that nothing finds it by the key again)."""
+    return comment.replace(_KEY_MARK, _LOST_MARK)
+
+
+def comment_key(comment: str) -> str | None:
+    """The idempotency-key token stored in a job comment, if any."""
+    found = _KEY_IN_COMMENT_RE.findall(comment)
+    return found[-1] if found else None
+
+
+@dataclass
+class SlurmReplicaRequest:
+    """One replica (one het-job component): its ``#SBATCH`` options and its ``srun`` command.
+
+    ``args``, ``env`` values and ``srun_opts`` values are plain strings (quoted when
+    materialized); ``${app_id}`` in them becomes the job id at run time.
+    """
+
+    name: str
+    entrypoint: str
+    args: list[str]
+    srun_opts: dict[str, str]
+    sbatch_opts: dict[str, str | None]
+    env: dict[str, str]
+
+    @classmethod
+    def from_role(
+        cls, name: str, role: Role, cfg: Mapping[str, CfgVal], nomem: bool
+    ) -> SlurmReplicaRequest:
+        """The request for replica ``name`` (``{role}-{replica_id}``) of ``role``.
+
+        ``role`` has its macros already substituted. Resources come from ``role.resource``
+        (``--cpus-per-task``, ``--mem`` unless ``nomem``, ``--gpus-per-task``); the job options
+        of ``cfg`` (partition, time, comment, constraint, mail-user, mail-type) are set too.
+        """
+        sbatch_opts: dict[str, str | None] = {"job-name": name, "ntasks": "1"}
+        for key in SBATCH_JOB_OPTIONS:
+            value = cfg.get(key)
+            if value is not None and value != "":
+                sbatch_opts[key] = str(value)
+        res = role.resource
+        if res.cpu > 0:
+            sbatch_opts["cpus-per-task"] = str(res.cpu)
+        if res.memMB > 0 and not nomem:
+            sbatch_opts["mem"] = str(res.memMB)
+        if res.gpu > 0:
+            sbatch_opts["gpus-per-task"] = str(res.gpu)
+        srun_opts = {
+            "output": f"slurm-{macros.app_id}-{name}.out",
+            "error": f"slurm-{macros.app_id}-{name}.err",
+            # a requeued job appends to the logs of its earlier attempts
+            "open-mode": "append",
+        }
+        return cls(
+            name=name,
+            entrypoint=role.entrypoint,
+            args=list(role.args),
+            srun_opts=srun_opts,
+            sbatch_opts=sbatch_opts,
+            env=dict(role.env),
+        )
+
+    def sbatch_group(self) -> list[str]:
+        """The ``#SBATCH`` option tokens of this component, quoted for sbatch's parser."""
+        return [
+            f"--{k}" if v is None else f"--{k}={_sbatch_value(v)}"
+            for k, v in self.sbatch_opts.items()
+        ]
+
+    def env_exports(self, index: int) -> list[str]:
+        """Script lines exporting this replica's environment values under private names."""
+        return [
+            f"export {_private_name(index, i)}={shell_quote(v)}"
+            for i, v in enumerate(self.env.values())
+        ]
+
+    def srun_group(self, index: int, all_private: list[str]) -> list[str]:
+        """The ``srun`` tokens of this component (quoted for bash): options, then a ``sh -c``
+        prelude that sets the replica's variables from their private names (values never in
+        argv), drops every component's private names, and runs the command."""
+        srun = [f"--{k}={shell_quote(v)}" for k, v in self.srun_opts.items()]
+        sets = [f'{k}="${_private_name(index, i)}"' for i, k in enumerate(self.env)]
+        prelude = (f"export {' '.join(sets)}; " if sets else "") + (
+            f"unset {' '.join(all_private)}; " if all_private else ""
+        )
+        cmd = [self.entrypoint, *self.args]
+        if ":" in cmd:
+            # srun splits its command line at every bare ":" (the het-job separator), even
+            # among the program's arguments: such a command is part of the sh -c string
+            inner = " ".join(shell_quote(c, '"$SHIPYARD_APP_ID"') for c in cmd)
+            return [*srun, "/bin/sh", "-c", shlex.quote(f"{prelude}exec {inner}")]
+        body = shlex.quote(f'{prelude}exec "$@"')
+        return [*srun, "/bin/sh", "-c", body, "shipyard-replica", *(shell_quote(c) for c in cmd)]
+
+    def private_names(self, index: int) -> list[str]:
+        """The private names :meth:`env_exports` uses."""
+        return [_private_name(index, i) for i in range(len(self.env))]
+
+    def materialize(self) -> tuple[list[str], list[str]]:
+        """The ``#SBATCH`` group and the ``srun`` group of this replica as component 0 of a
+        job of its own (see :meth:`SlurmBatchRequest.materialize`)."""
+        return self.sbatch_group(), self.srun_group(0, self.private_names(0))
+
+
+def _private_name(component: int, index: int) -> str:
+    return f"SHIPYARD_ENV_{component}_{index}"
+
+
+@dataclass
+class SlurmBatchRequest:
+    """A whole app for ``sbatch``: the command, the replicas (in het-component order), the
+    directory the job runs in (None: the current one, or the cluster's ``remote_dir``) and how
+    often a failed job is requeued."""
+
+    cmd: list[str]
+    replicas: dict[str, SlurmReplicaRequest]
+    job_dir: str | None
+    max_retries: int
+    app_name: str = ""
+    #: the replica whose node is the app's rank 0 (default: the first)
+    rank0: str = ""
+    #: the named cluster the job goes to (None: this host's Slurm)
+    cluster: str | None = None
+    #: the idempotency key's token (see :func:`key_token`), also in every component's comment
+    key: str | None = None
+
+    def order_components(self) -> None:
+        """Puts the replicas that ask for no memory first: sbatch carries ``--mem`` from one
+        het component to the next one that does not set it, and the only way to say "no
+        request" after one that asked is ``--mem=0``, which claims whole nodes where memory is
+        tracked. A later component without GPUs after one with them gets
+        ``--gpus-per-task=0`` (asks for none, as it should)."""
+        self.rank0 = self.rank0 or next(iter(self.replicas), "")
+        ordered = sorted(self.replicas.values(), key=lambda r: "mem" in r.sbatch_opts)
+        seen_gpu = False
+        for rep in ordered:
+            if "gpus-per-task" in rep.sbatch_opts:
+                seen_gpu = True
+            elif seen_gpu:
+                rep.sbatch_opts["gpus-per-task"] = "0"
+        self.replicas = {r.name: r for r in ordered}
+
+    def materialize(self) -> str:
+        """The batch script (pass it to ``sbatch`` on stdin): every replica is one het-job
+        component."""
+        reps = list(self.replicas.values())
+        names = list(self.replicas)
+        rank0 = names.index(self.rank0) if self.rank0 in self.replicas else 0
+        private = [n for i, r in enumerate(reps) for n in r.private_names(i)]
+        lines = [
+            "#!/bin/bash",
+            "#",
+            f"# Shipyard app {self.app_name or '(unnamed)'}: {len(reps)} replica(s), one"
+            " heterogeneous-job component each.",
+            "# Submit with: sbatch --parsable <this file>",
+            "# Logs: slurm-<job id>-<role>-<replica id>.out and .err in the job's directory.",
+            "#",
+        ]
+        for i, rep in enumerate(reps):
+            if i:
+                lines.append("#SBATCH hetjob")
+            lines.append("#SBATCH " + " ".join(rep.sbatch_group()))
+        lines += [
+            "",
+            "export PYTHONUNBUFFERED=1",
+            "export SLURM_UNBUFFEREDIO=1",
+            f"# the node of rank 0 ({self.rank0 or names[0]}: het component {rank0}; a job of one"
+            " component is not heterogeneous)",
+            f'export {RANK0_ENV}="${{SLURM_JOB_NODELIST_HET_GROUP_{rank0}:-$SLURM_JOB_NODELIST}}"',
+            "# the replicas' environment, kept out of every command line",
+        ]
+        for i, rep in enumerate(reps):
+            lines += rep.env_exports(i)
+        lines += ["", "srun \\"]
+        for i, rep in enumerate(reps):
+            if i:
+                lines.append("  : \\")
+            tail = " \\" if i < len(reps) - 1 else ""
+            lines.append("    " + " ".join(rep.srun_group(i, private)) + tail)
+        lines += ["exitcode=$?", ""]
+        if self.max_retries > 0:
+            lines += [
+                f"# max_retries={self.max_retries}: a failed attempt requeues the whole job",
+                'if [ "$exitcode" -ne 0 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt'
+                f" {int(self.max_retries)} ]; then",
+                '    echo "shipyard: attempt ${SLURM_RESTART_COUNT:-0} failed with exit code'
+                ' $exitcode, requeueing job $SLURM_JOB_ID" >&2',
+                '    scontrol requeue "$SLURM_JOB_ID"',
+                "fi",
+            ]
+        lines += ['exit "$exitcode"', ""]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.materialize()
