@@ -63,3 +63,27 @@ def slurm_problem() -> str | None:
     if not any(s.rstrip("*").startswith(("idle", "alloc", "mix")) for s in states):
         return f"no usable nodes (states: {states})"
     return None
+
+
+#: where scripts/start_slurm_remote.sh keeps the clients' key, known_hosts and clusters file
+REMOTE_DIR = os.environ.get("SHIPYARD_REMOTE_DIR", "/var/lib/shipyard-remote")
+
+
+@cache
+def slurm_remote_problem() -> str | None:
+    """None if the SSH login node (127.0.0.1:2222) and slurmrestd (127.0.0.1:6820) in front of
+    the Slurm cluster answer, else why not."""
+    import socket
+
+    problem = slurm_problem()
+    if problem:
+        return problem
+    clusters = os.path.join(REMOTE_DIR, "clusters.yaml")
+    if not os.path.exists(clusters):
+        return f"{clusters} does not exist"
+    for what, port in (("the SSH login node", 2222), ("slurmrestd", 6820)):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=3).close()
+        except OSError as e:
+            return f"{what} does not answer on 127.0.0.1:{port} ({e})"
+    return None

@@ -9,16 +9,16 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from core.runner import get_runner
+from core.schedulers.api import IDEMPOTENCY_KEY, Stream
 from core.schedulers.slurm import jobinfo, logs
 from core.schedulers.slurm.transport import LocalFiles, LocalShell
-from core.schedulers.api import IDEMPOTENCY_KEY, Stream
 from core.schedulers.slurm_scheduler import (
     SLURM_STATES,
     SlurmBatchRequest,
@@ -37,6 +37,7 @@ from core.specs import (
     macros,
 )
 from tests.core.hostile_inputs import AWKWARD_STRINGS, injection_strings
+from tests.core.slurm_clusters import TRANSPORTS, Cluster, make_cluster, wait
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 PY = sys.executable
@@ -47,55 +48,21 @@ PY = sys.executable
 # ---------------------------------------------------------------------------------------------
 
 
-def _wait(pred: Callable[[], Any], timeout: float = 90, what: str = "condition") -> Any:
-    """Polls ``pred`` until it returns something truthy; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
+_wait = wait
 
 
-class Cluster:
-    """A scheduler for the test plus clean-up of every job it submitted."""
-
-    def __init__(self) -> None:
-        self.sched = SlurmScheduler("test")
-        self.jobs: list[str] = []
-
-    def submit(self, app: AppDef, cfg: dict[str, Any] | None = None, **kw: Any) -> str:
-        job_id = self.sched.submit(app, cfg or {}, **kw)
-        self.jobs.append(job_id)
-        return job_id
-
-    def wait_state(self, job_id: str, states: set[AppState], timeout: float = 90) -> Any:
-        def check() -> Any:
-            d = self.sched.describe(job_id)
-            return d if d is not None and d.state in states else None
-
-        return _wait(check, timeout, f"job {job_id} to reach {sorted(s.name for s in states)}")
-
-    def wait_done(self, job_id: str, timeout: float = 90) -> Any:
-        return self.wait_state(job_id, {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED})
+@pytest.fixture(params=TRANSPORTS)
+def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cluster]:
+    """The real cluster through each transport: this host's commands, SSH, slurmrestd."""
+    yield from make_cluster(request.param, tmp_path, monkeypatch)
 
 
 @pytest.fixture
-def cluster(
-    slurm_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Cluster]:
-    # jobs without a job_dir run (and write their logs) in the submitting directory
-    cwd = tmp_path / "submitdir"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    c = Cluster()
-    yield c
-    for job_id in c.jobs:
-        subprocess.run(["scancel", job_id], capture_output=True)
+def local_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """The real cluster through this host's commands only."""
+    yield from make_cluster("local", tmp_path, monkeypatch)
 
 
 def _sh(script: str) -> list[str]:
@@ -144,12 +111,14 @@ print(json.dumps(list(s.log_iter(sys.argv[1], sys.argv[2], int(sys.argv[3]),
 """
 
 
-def _accounted(sched: SlurmScheduler, job_id: str, components: int) -> Any:
+def _accounted(cluster: Cluster, app_id: str, components: int) -> Any:
     """The job as accounting records it, once accounting has its final state (the record of a
     het job is briefly one "allocation" before its components are recorded)."""
+    job_id = cluster.job_id(app_id)
 
     def check() -> Any:
-        info = (sched._client(None).accounting_jobs([job_id]) or {}).get(job_id)
+        client = cluster.sched._client(cluster.name)
+        info = (client.accounting_jobs([job_id]) or {}).get(job_id)
         if info is None or len(info.components) != components:
             return None
         return (
@@ -473,7 +442,7 @@ def test_read_lines_tails_until_ended(tmp_path: Path) -> None:
 def test_two_role_app_pending_running_completed_from_elsewhere(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    gate = tmp_path / "gate"
+    gate = cluster.scratch / "gate"
     # a blocker that holds every node's CPUs, so the app must wait (PENDING) behind it
     blocker = AppDef(
         "blocker",
@@ -532,7 +501,7 @@ def test_two_role_app_pending_running_completed_from_elsewhere(
     assert _elsewhere(tmp_path, LOGS_ELSEWHERE, job_id, "trainer", "1", "no") == ["trainer 1\n"]
     assert _elsewhere(tmp_path, LOGS_ELSEWHERE, job_id, "ps", "0", "no")[0].startswith("ps on ")
     # accounting has the same answer (what describe uses once the controller forgets the job)
-    acct = _accounted(cluster.sched, job_id, 3)
+    acct = _accounted(cluster, job_id, 3)
     from_acct = jobinfo.to_response(acct)
     assert from_acct.state == AppState.SUCCEEDED
     assert {k: r.exit_code for k, r in _replicas(from_acct).items()} == {
@@ -552,9 +521,11 @@ def test_failing_replica_gives_failed_with_its_exit_code(cluster: Cluster) -> No
     assert (reps[("trainer", 0)].state, reps[("trainer", 0)].exit_code) == (AppState.SUCCEEDED, 0)
     assert list(cluster.sched.log_iter(job_id, "ps", 0, streams=Stream.STDERR)) == ["failing\n"]
     assert list(cluster.sched.log_iter(job_id, "ps", 0)) == []
-    acct = _accounted(cluster.sched, job_id, 3)
+    acct = _accounted(cluster, job_id, 3)
     acct_reps = _replicas(jobinfo.to_response(acct))
-    assert acct_reps[("ps", 0)].exit_code == 3 and acct_reps[("ps", 0)].state == AppState.FAILED
+    # (slurmrestd 22.05's accounting API reports 0 for a failed step's code: unknown, not 0)
+    code = None if cluster.transport == "rest" else 3
+    assert acct_reps[("ps", 0)].exit_code == code and acct_reps[("ps", 0)].state == AppState.FAILED
     assert acct_reps[("trainer", 1)].exit_code == 0
 
 
@@ -566,8 +537,9 @@ def test_cancel_is_idempotent(cluster: Cluster) -> None:
     assert done.state == AppState.CANCELLED
     assert {r.state for r in _replicas(done).values()} == {AppState.CANCELLED}
     cluster.sched.cancel(job_id)  # again: nothing happens
-    cluster.sched.cancel("999999999")  # unknown: nothing happens
-    assert cluster.sched.describe("999999999") is None
+    unknown = job_id.replace(cluster.job_id(job_id), "999999999")
+    cluster.sched.cancel(unknown)  # unknown: nothing happens
+    assert cluster.sched.describe(unknown) is None
     assert cluster.sched.describe("not-a-job") is None
 
 
@@ -576,34 +548,37 @@ def test_job_dir_workspace_runs_in_its_snapshot(cluster: Cluster, tmp_path: Path
     ws.mkdir()
     (ws / "hello.sh").write_text("echo from workspace in $(pwd)\n")
     (ws / "data.txt").write_text("payload\n")
-    job_dir = tmp_path / "job"
+    job_dir_cfg, job_dir = cluster.job_dir("job")
     script = "sh hello.sh; cat data.txt; echo img=$0"
     app = AppDef("ws", [Role("main", entrypoint="/bin/sh", args=[*_sh(script), macros.img_root])])
-    job_id = cluster.submit(app, {"job_dir": str(job_dir)}, workspace=str(ws))
+    job_id = cluster.submit(app, {"job_dir": job_dir_cfg}, workspace=str(ws))
     (ws / "data.txt").write_text("changed after submit\n")  # the job sees the snapshot
     done = cluster.wait_done(job_id)
     assert done.state == AppState.SUCCEEDED
     assert (job_dir / "hello.sh").exists() and (job_dir / "shipyard-sbatch.sh").exists()
-    out = job_dir / f"slurm-{job_id}-main-0.out"
+    # the script holds the replicas' environment: readable by its owner only
+    assert (job_dir / "shipyard-sbatch.sh").stat().st_mode & 0o077 == 0
+    out = job_dir / f"slurm-{cluster.job_id(job_id)}-main-0.out"
     assert out.read_text() == f"from workspace in {job_dir}\npayload\nimg={job_dir}\n"
-    assert (job_dir / f"slurm-{job_id}-main-0.err").exists()
+    assert (job_dir / f"slurm-{cluster.job_id(job_id)}-main-0.err").exists()
     assert _elsewhere(
         tmp_path, LOGS_ELSEWHERE, job_id, "main", "0", "no"
     ) == out.read_text().splitlines(keepends=True)
     # the same job_dir again: refused before anything is queued
     with pytest.raises(ValueError, match=r"cfg\.job_dir: must not exist"):
-        cluster.submit(app, {"job_dir": str(job_dir)}, workspace=str(ws))
+        cluster.submit(app, {"job_dir": job_dir_cfg}, workspace=str(ws))
     # a job_dir without a workspace is created, and the job runs there
-    job_dir2 = tmp_path / "job2"
+    job_dir2_cfg, job_dir2 = cluster.job_dir("job2")
     app2 = AppDef("nows", [Role("main", entrypoint="/bin/pwd")])
-    job2 = cluster.submit(app2, {"job_dir": str(job_dir2)})
+    job2 = cluster.submit(app2, {"job_dir": job_dir2_cfg})
     assert cluster.wait_done(job2).state == AppState.SUCCEEDED
-    assert (job_dir2 / f"slurm-{job2}-main-0.out").read_text() == f"{job_dir2}\n"
+    out2 = job_dir2 / f"slurm-{cluster.job_id(job2)}-main-0.out"
+    assert out2.read_text() == f"{job_dir2}\n"
 
 
 def test_max_retries_requeues_the_job(cluster: Cluster, tmp_path: Path) -> None:
-    job_dir = tmp_path / "retry"
-    marker = tmp_path / "attempted"
+    job_dir_cfg, _ = cluster.job_dir("retry")
+    marker = cluster.scratch / "attempted"
     app = AppDef(
         "retry",
         [
@@ -619,7 +594,7 @@ def test_max_retries_requeues_the_job(cluster: Cluster, tmp_path: Path) -> None:
             Role("steady", entrypoint="/bin/echo", args=["steady"]),
         ],
     )
-    job_id = cluster.submit(app, {"job_dir": str(job_dir)})
+    job_id = cluster.submit(app, {"job_dir": job_dir_cfg})
     done = cluster.wait_done(job_id, timeout=150)
     assert done.state == AppState.SUCCEEDED
     assert done.num_restarts == 1
@@ -662,9 +637,41 @@ def test_log_iter_tails_until_the_job_ends(cluster: Cluster, tmp_path: Path) -> 
     assert d is not None and is_terminal(d.state)
 
 
-def test_describe_many_is_one_squeue_call(
+def test_describe_many_is_one_controller_call(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    ids = [cluster.submit(_two_role_app(trainer="sleep 30", ps="sleep 30")) for _ in range(2)]
+    unknown = ids[0].replace(cluster.job_id(ids[0]), "999999998")
+    client = cluster.sched._client(cluster.name)
+    asked: list[tuple[str, list[str]]] = []
+    for method in ("controller_jobs", "accounting_jobs"):
+        real = getattr(client, method)
+
+        def spy(job_ids: list[str], real: Any = real, method: str = method) -> Any:
+            asked.append((method, list(job_ids)))
+            return real(job_ids)
+
+        monkeypatch.setattr(client, method, spy)
+    out = cluster.sched.describe_many([*ids, unknown])
+    # one controller call for every job; accounting only for the one it does not know
+    assert asked == [
+        ("controller_jobs", [cluster.job_id(i) for i in [*ids, unknown]]),
+        ("accounting_jobs", ["999999998"]),
+    ]
+    assert out[unknown] is None
+    for job_id in ids:
+        d = out[job_id]
+        assert d is not None and d.state in (AppState.PENDING, AppState.RUNNING)
+        assert sorted(_replicas(d)) == [("ps", 0), ("trainer", 0), ("trainer", 1)]
+    asked.clear()
+    assert cluster.sched.describe(ids[0]) is not None
+    assert [m for m, _ in asked] == ["controller_jobs"]  # an active job: one call
+
+
+def test_describe_many_is_one_squeue_call(
+    local_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = local_cluster
     ids = [cluster.submit(_two_role_app(trainer="sleep 30", ps="sleep 30")) for _ in range(2)]
     calls: list[list[str]] = []
     real_run = LocalShell.run
@@ -696,21 +703,21 @@ def test_idempotency_key_found_from_another_instance(cluster: Cluster) -> None:
     )
     job_id = cluster.submit(app, {"comment": "user comment"})
     other = create_scheduler("other")
-    assert other.find_by_idempotency_key(key) == job_id
-    assert other.find_by_idempotency_key(key + "-other") is None
+    assert other.find_by_idempotency_key(key, cluster.cfg()) == job_id
+    assert other.find_by_idempotency_key(key + "-other", cluster.cfg()) is None
     info = other._job_infos([job_id])[job_id]
     assert info.comment.startswith("user comment shipyard-key=")
     # through the runner: a second run with the same key re-attaches
     with get_runner("idem") as runner:
-        handle = runner.run(app, "slurm", idempotency_key=key)
+        handle = runner.run(app, "slurm", cluster.cfg(), idempotency_key=key)
         assert handle == f"slurm://idem/{job_id}"
         key2 = key + "-runner"
         h1 = runner.run(
-            AppDef("idem2", [Role("w", entrypoint="/bin/true")]), "slurm", {}, None, key2
+            AppDef("idem2", [Role("w", entrypoint="/bin/true")]), "slurm", cluster.cfg(), None, key2
         )
         cluster.jobs.append(h1.rsplit("/", 1)[1])
         h2 = runner.run(
-            AppDef("idem2", [Role("w", entrypoint="/bin/true")]), "slurm", {}, None, key2
+            AppDef("idem2", [Role("w", entrypoint="/bin/true")]), "slurm", cluster.cfg(), None, key2
         )
         assert h1 == h2
         status = runner.wait(h1, timeout=90)
@@ -720,7 +727,7 @@ def test_idempotency_key_found_from_another_instance(cluster: Cluster) -> None:
 def test_list_includes_submitted_jobs(cluster: Cluster) -> None:
     job_id = cluster.submit(AppDef("ls", [Role("w", entrypoint="/bin/true")]))
     cluster.wait_done(job_id)
-    listed = {a.app_id: a.state for a in cluster.sched.list()}
+    listed = {a.app_id: a.state for a in cluster.sched.list(cluster.cfg())}
     assert listed.get(job_id) == AppState.SUCCEEDED
 
 
@@ -728,13 +735,16 @@ def test_unknown_partition_is_a_clear_error_and_queues_nothing(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     def queued() -> set[str]:
-        out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True)
+        # (the test harness asks the cluster itself: /usr/bin is not on the client's PATH)
+        out = subprocess.run(
+            ["/usr/bin/squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True
+        )
         return set(out.stdout.decode().split())
 
     before = queued()
-    job_dir = tmp_path / "never"
+    job_dir_cfg, job_dir = cluster.job_dir("never")
     with pytest.raises(ValueError, match=r"cfg\.partition: sbatch rejected 'nosuchpart'"):
-        cluster.submit(_two_role_app(), {"partition": "nosuchpart", "job_dir": str(job_dir)})
+        cluster.submit(_two_role_app(), {"partition": "nosuchpart", "job_dir": job_dir_cfg})
     assert not job_dir.exists()  # the directory made for it is removed again
     with pytest.raises(ValueError, match=r"cfg\.constraint: sbatch rejected 'nofeature'"):
         cluster.submit(_two_role_app(), {"constraint": "nofeature"})
@@ -742,8 +752,9 @@ def test_unknown_partition_is_a_clear_error_and_queues_nothing(
 
 
 def test_describe_without_accounting_falls_back_to_the_controller(
-    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    cluster = local_cluster
     job_id = cluster.submit(_two_role_app(ps="exit 2"))
     cluster.wait_done(job_id)
     conf = Path("/etc/slurm/slurm.conf").read_text()
@@ -756,7 +767,9 @@ def test_describe_without_accounting_falls_back_to_the_controller(
     )
     monkeypatch.setenv("SLURM_CONF", str(noacct))
     sched = create_scheduler("noacct")
-    assert sched._client(None).accounting_jobs([job_id]) is None  # sacct: accounting storage is disabled
+    assert (
+        sched._client(None).accounting_jobs([job_id]) is None
+    )  # sacct: accounting storage is disabled
     d = sched.describe(job_id)
     assert d is not None and d.state == AppState.FAILED
     assert _replicas(d)[("ps", 0)].exit_code == 2
@@ -764,9 +777,9 @@ def test_describe_without_accounting_falls_back_to_the_controller(
 
 
 def test_injection_corpus_reaches_the_program_verbatim(cluster: Cluster, tmp_path: Path) -> None:
-    canary = tmp_path / "pwned"
+    canary = cluster.scratch / "pwned"
     corpus = [*injection_strings(str(canary)), *AWKWARD_STRINGS]
-    dump = tmp_path / "argv.json"
+    dump = cluster.scratch / "argv.json"
     program = (
         "import json, os, sys; "
         "json.dump({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items()"
@@ -774,14 +787,15 @@ def test_injection_corpus_reaches_the_program_verbatim(cluster: Cluster, tmp_pat
     )
     env = {f"EVIL_{i}": s for i, s in enumerate(corpus)}
     env["DUMP"] = str(dump)
-    app = AppDef("evil", [Role("w", entrypoint=PY, args=["-c", program, *corpus], env=env)])
+    python = PY if not cluster.remote else cluster.python
+    app = AppDef("evil", [Role("w", entrypoint=python, args=["-c", program, *corpus], env=env)])
     job_id = cluster.submit(app, {"comment": "$(touch " + str(canary) + ") `id` ' \" \\"})
     done = cluster.wait_done(job_id)
     assert done.state == AppState.SUCCEEDED, list(
         cluster.sched.log_iter(job_id, "w", 0, streams=Stream.STDERR)
     )
     got = json.loads(dump.read_text())
-    values = macros.Values(img_root="", app_id=job_id, replica_id="0", rank0_env="")
+    values = macros.Values(img_root="", app_id=cluster.job_id(job_id), replica_id="0", rank0_env="")
     assert got["argv"] == [values.substitute(s) for s in corpus]
     assert got["env"] == {k: values.substitute(v) for k, v in env.items() if k.startswith("EVIL_")}
     assert not canary.exists()

@@ -109,14 +109,18 @@ def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str,
     return jobs
 
 
-def _exit_code(raw: Mapping[str, Any] | None) -> int | None:
+def _exit_code(raw: Mapping[str, Any] | None, state: str) -> int | None:
+    """A step's exit code (-N for signal N). Slurm 22.05's dbv0.0.38 reports ``SUCCESS`` and
+    0 for a step that failed with another code: that code is unknown (None), not 0."""
     if not raw:
         return None
     signal = (raw.get("signal") or {}).get("signal_id")
     if raw.get("status") == "SIGNALED" and signal:
         return -int(signal)
     code = raw.get("return_code")
-    return int(code) if code is not None else None
+    if code is None or (int(code) == 0 and state.upper().startswith("FAILED")):
+        return None
+    return int(code)
 
 
 def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dict[str, JobInfo]:
@@ -141,9 +145,8 @@ def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dic
         for step in j.get("steps") or []:
             step_id = str((step.get("step") or {}).get("id", ""))
             if step_id.isdigit():
-                parser.step(
-                    app_id, off, str(step.get("state") or ""), _exit_code(step.get("exit_code"))
-                )
+                state = str(step.get("state") or "")
+                parser.step(app_id, off, state, _exit_code(step.get("exit_code"), state))
     return parser.result()
 
 

@@ -348,12 +348,14 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
 
     @staticmethod
     def _undo_job_dir(client: SlurmClient, job_dir: str | None, created: bool) -> None:
-        if job_dir and created and isinstance(client.files, LocalFiles | None):
+        """Removes the ``job_dir`` made for a job that was not queued."""
+        if job_dir and created:
+            files = client.files or LocalFiles()
             try:
-                os.remove(os.path.join(job_dir, "shipyard-sbatch.sh"))
-                os.rmdir(job_dir)
-            except OSError:
-                pass
+                files.remove(posixpath.join(job_dir, "shipyard-sbatch.sh"))
+                files.remove(job_dir)
+            except (OSError, TransportError) as e:
+                log.debug("could not remove %s: %s", job_dir, e)
 
     def _settle_key(self, client: SlurmClient, token: str, mine: str) -> str:
         """Decides, among the jobs that carry the key ``token``, which one runs: the first
@@ -613,6 +615,7 @@ def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
                 continue  # accounting lags behind the controller: keep its answer
             if a in found:
                 info.restarts = max(info.restarts, found[a].restarts)
+                _fill_exit_codes(info, found[a])
             found[a] = info
     if controller_error is not None:
         unknown = [a for a in ids if a not in found]
@@ -623,6 +626,15 @@ def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
                 f" answer ({controller_error}) and accounting does not know them"
             )
     return found
+
+
+def _fill_exit_codes(acct: JobInfo, controller: JobInfo) -> None:
+    """Exit codes accounting lost (slurmrestd 22.05 reports 0 for a failed step: None here)
+    taken from the controller's answer for the same component."""
+    for off, comp in acct.components.items():
+        known = controller.components.get(off)
+        if comp.exit_code is None and known is not None and known.exit_code is not None:
+            comp.exit_code = known.exit_code
 
 
 def _split(app_id: str) -> tuple[str | None, str] | None:

@@ -39,6 +39,11 @@ from core.schedulers.slurm.transport import (
 
 log = logging.getLogger(__name__)
 
+# asyncssh logs every channel it opens at INFO: one line per Slurm command would flood task
+# logs. Quiet unless the application set asyncssh's level itself.
+if logging.getLogger("asyncssh").level == logging.NOTSET:
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
+
 __all__ = ["SFTPFiles", "SSHConnection", "SSHShell", "connection"]
 
 T = TypeVar("T")
@@ -331,6 +336,18 @@ class SFTPFiles(Files):
             return bool(await sftp.exists(path))
 
         return self._conn.sftp(op)  # type: ignore[no-any-return]
+
+    def remove(self, path: str) -> None:
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            try:
+                if await sftp.isdir(path):
+                    await sftp.rmdir(path)
+                else:
+                    await sftp.remove(path)
+            except asyncssh.SFTPNoSuchFile:
+                pass
+
+        self._conn.sftp(op)
 
 
 class SSHShell(Shell):

@@ -80,6 +80,10 @@ class Files(abc.ABC):
     def exists(self, path: str) -> bool:
         """True if ``path`` exists."""
 
+    @abc.abstractmethod
+    def remove(self, path: str) -> None:
+        """Removes a file or an empty directory (nothing if it does not exist)."""
+
 
 class LocalFiles(Files):
     """Files of this host (optionally a cluster's directory mounted here: ``prefix`` is the
@@ -119,6 +123,13 @@ class LocalFiles(Files):
 
     def exists(self, path: str) -> bool:
         return os.path.exists(self._local(path))
+
+    def remove(self, path: str) -> None:
+        local = self._local(path)
+        try:
+            os.rmdir(local) if os.path.isdir(local) else os.remove(local)
+        except FileNotFoundError:
+            pass
 
 
 class Shell(abc.ABC):

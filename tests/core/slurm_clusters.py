@@ -1,0 +1,162 @@
+"""The Slurm cluster as the tests reach it: through this host's commands (``local``), or as a
+client elsewhere would, through the SSH login node (``ssh``) or slurmrestd (``rest``) that
+``scripts/start_slurm_remote.sh`` puts in front of it.
+
+For the remote transports the test process has no Slurm command on ``PATH`` and no
+``SLURM_CONF``: only the transport can reach the cluster. Jobs then run as ``hpcuser``; the
+test's :attr:`Cluster.scratch` directory is one both the test and the job can use.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.schedulers.slurm_scheduler import SlurmScheduler
+from core.specs import AppDef, AppState
+from tests.services import REMOTE_DIR, require, slurm_problem, slurm_remote_problem
+
+TRANSPORTS = ["local", "ssh", "rest"]
+#: the names of the clusters in scripts/start_slurm_remote.sh's clusters file
+CLUSTER_NAMES = {"local": None, "ssh": "ssh-login", "rest": "rest-api"}
+REMOTE_USER = "hpcuser"
+_SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "srun")
+
+
+def wait(pred: Callable[[], Any], timeout: float = 90, what: str = "condition") -> Any:
+    """Polls ``pred`` until it returns something truthy; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+class Cluster:
+    """A scheduler for the test, the cluster it goes to, and clean-up of every job it
+    submitted."""
+
+    def __init__(self, transport: str, scratch: Path) -> None:
+        self.transport = transport
+        self.name = CLUSTER_NAMES[transport]
+        self.sched = SlurmScheduler("test")
+        self.scratch = scratch
+        #: a Python the job can run (the venv's lives under /root where hpcuser cannot go)
+        self.python = "/usr/bin/python3" if self.name else os.environ.get("PYTHON", "python3")
+        self.jobs: list[str] = []
+
+    @property
+    def remote(self) -> bool:
+        return self.name is not None
+
+    def cfg(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``extra`` plus the run option that picks this cluster."""
+        return {**({"cluster": self.name} if self.name else {}), **(extra or {})}
+
+    def job_dir(self, name: str) -> tuple[str, Path]:
+        """A fresh ``job_dir`` value and the directory it becomes."""
+        if not self.remote:
+            path = self.scratch / name
+            return str(path), path
+        rel = f"tests/{uuid.uuid4().hex[:12]}/{name}"
+        return rel, Path(self.remote_dir) / rel
+
+    @property
+    def remote_dir(self) -> str:
+        return os.path.join(pwd.getpwnam(REMOTE_USER).pw_dir, "shipyard")
+
+    def submit(self, app: AppDef, cfg: dict[str, Any] | None = None, **kw: Any) -> str:
+        app_id = self.sched.submit(app, self.cfg(cfg), **kw)
+        self.jobs.append(app_id)
+        return app_id
+
+    def job_id(self, app_id: str) -> str:
+        """The Slurm job id of an app id (``cluster:123`` -> ``123``)."""
+        return app_id.rpartition(":")[2]
+
+    def wait_state(self, app_id: str, states: set[AppState], timeout: float = 90) -> Any:
+        def check() -> Any:
+            d = self.sched.describe(app_id)
+            return d if d is not None and d.state in states else None
+
+        return wait(check, timeout, f"job {app_id} to reach {sorted(s.name for s in states)}")
+
+    def wait_done(self, app_id: str, timeout: float = 90) -> Any:
+        return self.wait_state(app_id, {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED})
+
+
+def no_local_slurm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Leaves the test process without any Slurm command on ``PATH`` and without
+    ``SLURM_CONF``: only a remote transport can reach the cluster."""
+    shims = tmp_path / "no-slurm-bin"
+    shims.mkdir(exist_ok=True)
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(d):
+            continue
+        for entry in os.listdir(d):
+            target = os.path.join(d, entry)
+            if entry in _SLURM_COMMANDS or (shims / entry).exists():
+                continue
+            if os.access(target, os.X_OK) and not os.path.isdir(target):
+                (shims / entry).symlink_to(target)
+    monkeypatch.setenv("PATH", str(shims))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    assert shutil.which("sbatch") is None and shutil.which("squeue") is None
+
+
+def remote_scratch() -> Path:
+    """A new directory in the login user's shipyard directory, usable by the test and by jobs
+    that run as that user."""
+    user = pwd.getpwnam(REMOTE_USER)
+    base = Path(user.pw_dir) / "shipyard" / "tests"
+    base.mkdir(parents=True, exist_ok=True)
+    os.chown(base, user.pw_uid, user.pw_gid)
+    path = base / uuid.uuid4().hex[:12]
+    path.mkdir(mode=0o755)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def use_remote_clusters(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The clusters file of scripts/start_slurm_remote.sh, and no local Slurm."""
+    require("slurm_remote", slurm_remote_problem())
+    monkeypatch.setenv("SHIPYARD_CLUSTERS", os.path.join(REMOTE_DIR, "clusters.yaml"))
+    no_local_slurm(monkeypatch, tmp_path)
+
+
+def make_cluster(
+    transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cluster]:
+    """The body of the ``cluster`` fixtures: a :class:`Cluster` on ``transport``."""
+    require("slurm", slurm_problem())
+    if transport == "local":
+        # jobs without a job_dir run (and write their logs) in the submitting directory
+        scratch = tmp_path / "submitdir"
+        scratch.mkdir()
+        monkeypatch.chdir(scratch)
+    else:
+        use_remote_clusters(monkeypatch, tmp_path)
+        scratch = remote_scratch()
+    c = Cluster(transport, scratch)
+    yield c
+    for app_id in c.jobs:
+        try:
+            c.sched.cancel(app_id)
+        except Exception:  # clean-up must not hide the test's own failure
+            pass
+    c.sched.close()
+    if transport != "local":
+        shutil.rmtree(scratch, ignore_errors=True)
