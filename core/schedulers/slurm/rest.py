@@ -164,8 +164,10 @@ class RestClient(SlurmClient):
         api = self.api
         body = api.submission(req, workdir or self.default_workdir or "/", hold, BATCH_ENV)
         payload = self._call("POST", f"{api.SLURM}/job/submit", retry=False, json=body)
-        if payload.get("errors") or not payload.get("job_id"):
+        if not payload.get("job_id"):
             raise SubmitRefused(_describe(payload))
+        if payload.get("errors"):  # a queued job's notes, e.g. "Job is in held state"
+            log.debug("job %s: %s", payload["job_id"], _describe(payload))
         return str(payload["job_id"])
 
     def controller_jobs(self, job_ids: list[str]) -> tuple[dict[str, JobInfo], str | None]:
