@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_provider.connection_form import CONN_FIELDS, UI_FIELD_BEHAVIOUR
+
 __all__ = ["get_provider_info", "__version__"]
 
 
@@ -51,5 +53,17 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "triggers": [
             {"integration-name": "Shipyard", "python-modules": ["airflow_provider.triggers"]}
+        ],
+        "hooks": [
+            {"integration-name": "Shipyard", "python-modules": ["airflow_provider.hooks.shipyard"]}
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_provider.hooks.shipyard.ShipyardHook",
+                "hook-name": "Shipyard",
+                "connection-type": "shipyard",
+                "conn-fields": CONN_FIELDS,
+                "ui-field-behaviour": UI_FIELD_BEHAVIOUR,
+            }
         ],
     }

@@ -34,6 +34,7 @@ from airflow_provider._common import (
     make_runner,
     to_app_def,
 )
+from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.runner import AppFailedError, LogLine, Runner
 from core.schedulers import get_default_scheduler_name
@@ -79,6 +80,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         deferrable: wait in :class:`~airflow_provider.triggers.ShipyardJobTrigger` in the
             triggerer instead of on the worker (default: ``[operators] default_deferrable``)
         session_name: the Shipyard session the app is submitted under
+        shipyard_conn_id: an Airflow connection (type ``shipyard``, or ``ssh`` for a Slurm
+            login node) giving the scheduler, default run options and the Slurm cluster to
+            reach (templated); ``scheduler`` and ``cfg`` given here win over it
         durable: re-attach to the job on retries (see the module docs)
 
     Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
@@ -94,6 +98,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         "workspace",
         "env",
         "session_name",
+        "shipyard_conn_id",
     )
     template_ext: Sequence[str] = APP_FILE_EXTS
     template_fields_renderers = {"app": "yaml", "cfg": "json", "env": "json"}
@@ -112,6 +117,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         poll_interval: float = 5.0,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         session_name: str | None = None,
+        shipyard_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -133,6 +139,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self.poll_interval = float(poll_interval)
         self.deferrable = deferrable
         self.session_name = session_name
+        self.shipyard_conn_id = shipyard_conn_id
+        self._conn_settings: tuple[str | None, dict[str, Any]] | None = None
         self._handle: AppHandle | None = None
         self._submit_key: str | None = None
         self._result: AppHandle | None = None
@@ -189,11 +197,26 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
 
     # -- execution ---------------------------------------------------------------------------
 
+    def _connection(self) -> tuple[str | None, dict[str, Any]]:
+        """The connection's scheduler and default cfg (its cluster registered in this
+        process); nothing without ``shipyard_conn_id``."""
+        if not self.shipyard_conn_id:
+            return None, {}
+        if self._conn_settings is None:
+            scheduler, cfg, _ = ShipyardHook(self.shipyard_conn_id).settings()
+            self._conn_settings = (scheduler, cfg)
+        return self._conn_settings
+
     @property
     def _scheduler_name(self) -> str:
-        return self.scheduler or get_default_scheduler_name()
+        return self.scheduler or self._connection()[0] or get_default_scheduler_name()
+
+    def _cfg(self) -> dict[str, Any]:
+        """The run options: the connection's, then the task's."""
+        return {**self._connection()[1], **self.cfg}
 
     def _runner(self) -> Runner:
+        self._connection()
         return make_runner(self.session_name)
 
     def _app_def(self) -> AppDef:
@@ -233,7 +256,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             # followed, a failed one is replaced by a fresh submission under this try's key.
             for n in range(try_number, 0, -1):
                 key = self._key_for_try(base, n)
-                found = runner.find(self._scheduler_name, key)
+                found = runner.find(self._scheduler_name, key, self._cfg())
                 if found is None:
                     continue
                 status = runner.status(found)
@@ -250,7 +273,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             handle = runner.run(
                 app,
                 self._scheduler_name,
-                cfg=self.cfg,
+                cfg=self._cfg(),
                 workspace=self.workspace,
                 idempotency_key=self._submit_key,
             )
@@ -289,6 +312,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                             poll_interval=self.poll_interval,
                             target_states=["SUCCEEDED"],
                             stream_logs=True,
+                            shipyard_conn_id=self.shipyard_conn_id,
                         ),
                         method_name="execute_complete",
                         timeout=self.execution_timeout,
@@ -345,7 +369,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         try_number = max(int(context["ti"].try_number or 1), 1)
         with self._runner() as runner:
             for n in range(try_number, 0, -1):
-                found = runner.find(self._scheduler_name, self._key_for_try(base, n))
+                found = runner.find(self._scheduler_name, self._key_for_try(base, n), self._cfg())
                 if found:
                     return found
         return None
@@ -358,7 +382,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         with self._runner() as runner:
             if handle is None and self._submit_key:
                 # killed while submitting: the job may exist without its handle being known yet
-                handle = runner.find(self._scheduler_name, self._submit_key)
+                handle = runner.find(self._scheduler_name, self._submit_key, self._cfg())
             if handle is None:
                 return
             self.log.info("cancelling %s", handle)

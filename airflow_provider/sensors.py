@@ -10,6 +10,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
+from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.specs import AppState, parse_app_handle
 
@@ -32,11 +33,18 @@ class ShipyardJobSensor(BaseSensorOperator):
         deferrable: wait in :class:`~airflow_provider.triggers.ShipyardJobTrigger` in the
             triggerer (default: ``[operators] default_deferrable``); otherwise ``mode`` (poke or
             reschedule) applies
+        shipyard_conn_id: the Airflow connection of the app's backend, when it is a Slurm
+            cluster reached through one (templated)
 
     Returns (and pushes as XCom) the name of the state reached.
     """
 
-    template_fields: Sequence[str] = ("app_handle", "target_states", "failure_states")
+    template_fields: Sequence[str] = (
+        "app_handle",
+        "target_states",
+        "failure_states",
+        "shipyard_conn_id",
+    )
     ui_color = "#e1eef9"
 
     def __init__(
@@ -46,6 +54,7 @@ class ShipyardJobSensor(BaseSensorOperator):
         target_states: Iterable[str | AppState] = ("SUCCEEDED",),
         failure_states: Iterable[str | AppState] = ("FAILED", "CANCELLED"),
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        shipyard_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5.0)
@@ -57,6 +66,7 @@ class ShipyardJobSensor(BaseSensorOperator):
         if overlap and not any("{" in s for s in self.target_states + self.failure_states):
             raise ValueError(f"failure_states: {sorted(overlap)} cannot also be target_states")
         self.deferrable = deferrable
+        self.shipyard_conn_id = shipyard_conn_id
 
     @staticmethod
     def _states_or_template(states: Iterable[Any] | str, field: str) -> list[str]:
@@ -76,6 +86,8 @@ class ShipyardJobSensor(BaseSensorOperator):
         handle = str(self.app_handle).strip()
         parse_app_handle(handle)  # a malformed handle fails with the reason
         targets, failures = self._checked_states()
+        if self.shipyard_conn_id:
+            ShipyardHook(self.shipyard_conn_id).settings()  # its cluster, known here
         with make_runner() as runner:
             status = runner.status(handle)
         if status is None:
@@ -110,6 +122,7 @@ class ShipyardJobSensor(BaseSensorOperator):
                 poll_interval=self.poke_interval,
                 target_states=targets,
                 failure_states=failures,
+                shipyard_conn_id=self.shipyard_conn_id,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),

@@ -16,9 +16,12 @@ import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from airflow.sdk import BaseHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
+from airflow_provider.hooks.shipyard import connection_settings
+from core.clusters import register_cluster
 from core.runner import LogLine, Runner
 from core.specs import AppHandle, AppStatus, parse_app_handle
 
@@ -101,6 +104,8 @@ class ShipyardJobTrigger(BaseTrigger):
             other terminal state fires ``failure`` too
         stream_logs: log the app's lines (``role/replica line``) as they are produced; the
             triggerer routes them to the deferred task's log
+        shipyard_conn_id: the Airflow connection of the app's backend (its Slurm cluster is
+            read from the connection in the triggerer; only the id is serialized)
 
     The event payload: ``status`` (``success``, ``failure`` or ``error``), ``app_handle``,
     ``state`` (the app state name), ``message`` and ``log_lines`` (how many were logged).
@@ -113,6 +118,7 @@ class ShipyardJobTrigger(BaseTrigger):
         target_states: Sequence[str] | None = None,
         failure_states: Sequence[str] | None = None,
         stream_logs: bool = False,
+        shipyard_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         parse_app_handle(app_handle)  # raises on a malformed handle
@@ -126,6 +132,7 @@ class ShipyardJobTrigger(BaseTrigger):
             "failure_states",
         )
         self.stream_logs = bool(stream_logs)
+        self.shipyard_conn_id = shipyard_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -136,10 +143,19 @@ class ShipyardJobTrigger(BaseTrigger):
                 "target_states": list(self.target_states),
                 "failure_states": list(self.failure_states),
                 "stream_logs": self.stream_logs,
+                "shipyard_conn_id": self.shipyard_conn_id,
             },
         )
 
+    async def _use_connection(self) -> None:
+        if self.shipyard_conn_id:
+            conn = await BaseHook.aget_connection(self.shipyard_conn_id)
+            _, _, cluster = connection_settings(conn)
+            if cluster is not None:
+                register_cluster(cluster)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await self._use_connection()
         poller = _StatusPoller.for_running_loop()
         follower = _LogFollower(self.app_handle, self.log) if self.stream_logs else None
         try:
@@ -204,6 +220,7 @@ class ShipyardJobTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """The deferred task was killed (marked failed, cleared, ...): cancel its app."""
         self.log.info("cancelling %s", self.app_handle)
+        await self._use_connection()
         await asyncio.to_thread(_cancel, self.app_handle)
 
 

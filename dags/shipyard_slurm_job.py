@@ -4,6 +4,10 @@
 job, waits for it and streams each replica's output into the task log. Slurm options go in
 ``cfg`` (templated); here the partition and a time limit.
 
+The cluster is the worker's own Slurm unless the run's ``shipyard_conn_id`` param names an
+Airflow connection (type ``shipyard``: an SSH login node or slurmrestd, with its key or token),
+e.g. ``airflow dags trigger shipyard_slurm_job --conf '{"shipyard_conn_id": "hpc1"}'``.
+
 Run it without a scheduler: ``python dags/shipyard_slurm_job.py`` (after ``airflow db migrate``).
 """
 
@@ -20,7 +24,7 @@ with DAG(
     schedule=None,
     start_date=datetime(2025, 1, 1),
     catchup=False,
-    params={"partition": "debug"},
+    params={"partition": "debug", "shipyard_conn_id": ""},
     tags=["shipyard", "example"],
 ) as dag:
     simulate = ShipyardOperator(
@@ -46,6 +50,7 @@ with DAG(
         },
         scheduler="slurm",
         cfg={"partition": "{{ params.partition }}", "time": "5"},
+        shipyard_conn_id="{{ params.shipyard_conn_id }}",
         poll_interval=1.0,
     )
 

@@ -13,6 +13,7 @@ or as a subflow: ``run_job("app.yaml")``. Async flows use the ``*_async`` twins.
 from __future__ import annotations
 
 from prefect_tasks._jobs import JobCancelledError
+from prefect_tasks.blocks import SlurmCluster
 from prefect_tasks.flows import JobResult, cancel_flow_run_jobs, run_job, run_job_async
 from prefect_tasks.tasks import (
     cancel_job,
@@ -28,6 +29,7 @@ from prefect_tasks.tasks import (
 __all__ = [
     "JobCancelledError",
     "JobResult",
+    "SlurmCluster",
     "cancel_flow_run_jobs",
     "cancel_job",
     "cancel_job_async",

@@ -188,7 +188,7 @@ def submit(
         return _submit_tracked(runner, app, scheduler, cfg, workspace, None, logger)
     for generation in range(MAX_GENERATIONS):
         gkey = _generation_key(key, generation)
-        found = runner.find(scheduler, gkey)
+        found = runner.find(scheduler, gkey, cfg)
         if found is None:
             return _submit_tracked(runner, app, scheduler, cfg, workspace, gkey, logger)
         status = runner.status(found)
@@ -222,7 +222,7 @@ def _submit_tracked(
         if is_interrupt(e):
             # the job may exist without our knowing its handle yet: find it by key
             if handle is None and key is not None:
-                handle = runner.find(scheduler, key)
+                handle = runner.find(scheduler, key, cfg)
             _cancel_quietly(runner, handle, logger, f"interrupted while submitting: {e!r}")
         raise
 

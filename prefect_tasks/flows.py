@@ -26,6 +26,7 @@ from prefect import flow
 
 from core.specs import AppHandle, AppState, AppStatus, CfgVal
 from prefect_tasks._jobs import cancel_flow_run_jobs
+from prefect_tasks.blocks import SlurmCluster
 from prefect_tasks.tasks import (
     DEFAULT_CANCEL_CHECK_INTERVAL,
     DEFAULT_POLL_INTERVAL,
@@ -61,13 +62,14 @@ _HOOKS: dict[str, Any] = {
 @flow(name="shipyard-run-job", validate_parameters=False, **_HOOKS)
 def run_job(
     app: Any,
-    scheduler: str = "local_cwd",
+    scheduler: str | None = None,
     cfg: Mapping[str, CfgVal] | None = None,
     workspace: str | None = None,
     timeout: float | None = None,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     stream_logs: bool = True,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+    cluster: SlurmCluster | str | None = None,
 ) -> JobResult:
     """Runs a job to the end: submits it, waits while streaming its logs, returns the result.
 
@@ -80,6 +82,8 @@ def run_job(
         poll_interval: most seconds between two status polls
         stream_logs: send the job's log lines to the Prefect run logger
         cancel_check_interval: seconds between checks for the flow run being cancelled in the API
+        cluster: a :class:`~prefect_tasks.blocks.SlurmCluster` block (or a saved one's name) to
+            run on (the scheduler is then ``slurm`` unless given)
 
     Retrying the flow (``run_job.with_options(retries=2)``) re-attaches to a job still running
     or succeeded and runs a failed job again. A timeout, a cancelled flow run or SIGTERM cancels
@@ -88,9 +92,10 @@ def run_job(
     Raises:
         core.runner.AppFailedError: the job did not succeed (state, exit codes, last log lines).
     """
-    handle = submit_job(app, scheduler, cfg, workspace)
+    handle = submit_job(app, scheduler, cfg, workspace, cluster=cluster)
     status = wait_for_job(
         handle,
+        cluster=cluster,
         timeout=timeout,
         poll_interval=poll_interval,
         stream_logs=stream_logs,
@@ -102,18 +107,20 @@ def run_job(
 @flow(name="shipyard-run-job", validate_parameters=False, **_HOOKS)
 async def run_job_async(
     app: Any,
-    scheduler: str = "local_cwd",
+    scheduler: str | None = None,
     cfg: Mapping[str, CfgVal] | None = None,
     workspace: str | None = None,
     timeout: float | None = None,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     stream_logs: bool = True,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+    cluster: SlurmCluster | str | None = None,
 ) -> JobResult:
     """:func:`run_job` for async flows (same arguments, result and errors)."""
-    handle = await submit_job_async(app, scheduler, cfg, workspace)
+    handle = await submit_job_async(app, scheduler, cfg, workspace, cluster=cluster)
     status = await wait_for_job_async(
         handle,
+        cluster=cluster,
         timeout=timeout,
         poll_interval=poll_interval,
         stream_logs=stream_logs,

@@ -33,6 +33,7 @@ from core.runner import Runner, get_runner
 from core.schedulers import get_scheduler_factories
 from core.specs import AppHandle, AppStatus, CfgVal, parse_app_handle
 from prefect_tasks import _jobs
+from prefect_tasks.blocks import SlurmCluster, use_cluster
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
@@ -124,13 +125,23 @@ def _submit(
     return _jobs.submit(runner, appdef, scheduler, cfg, workspace, key, logger)
 
 
+def _with_cluster(
+    scheduler: str | None, cfg: Mapping[str, CfgVal] | None, cluster_name: str | None
+) -> tuple[str, Mapping[str, CfgVal] | None]:
+    """The scheduler and cfg of a submission to ``cluster_name`` (if any)."""
+    if cluster_name is None:
+        return scheduler or "local_cwd", cfg
+    return scheduler or "slurm", {**(cfg or {}), "cluster": cluster_name}
+
+
 @task(name="shipyard-submit-job", cache_policy=NO_CACHE)
 def submit_job(
     app: Any,
-    scheduler: str = "local_cwd",
+    scheduler: str | None = None,
     cfg: Mapping[str, CfgVal] | None = None,
     workspace: str | None = None,
     idempotency_key: str | None = None,
+    cluster: SlurmCluster | str | None = None,
 ) -> AppHandle:
     """Submits a job and returns its app handle.
 
@@ -142,10 +153,15 @@ def submit_job(
         idempotency_key: overrides the key derived from the task run. A job already submitted
             with the key is re-attached to instead of submitting again, unless it failed or was
             cancelled (then a retry submits a fresh one).
+        cluster: a :class:`~prefect_tasks.blocks.SlurmCluster` block (or the name of a saved
+            one) to run on; the scheduler is then ``slurm`` unless given
+
+    The scheduler defaults to ``local_cwd`` (``slurm`` with a ``cluster``).
 
     Raises:
         ValueError: bad input, naming the field, before anything is submitted.
     """
+    scheduler, cfg = _with_cluster(scheduler, cfg, use_cluster(cluster))
     _check_submit_args(scheduler, cfg, workspace, idempotency_key)
     with get_runner() as runner:
         return _submit(runner, app, scheduler, cfg, workspace, idempotency_key)
@@ -154,15 +170,18 @@ def submit_job(
 @task(name="shipyard-submit-job", cache_policy=NO_CACHE)
 async def submit_job_async(
     app: Any,
-    scheduler: str = "local_cwd",
+    scheduler: str | None = None,
     cfg: Mapping[str, CfgVal] | None = None,
     workspace: str | None = None,
     idempotency_key: str | None = None,
+    cluster: SlurmCluster | str | None = None,
 ) -> AppHandle:
     """:func:`submit_job` for async flows: the submission runs in a thread.
 
     Interrupted while the submission is in flight, the job it makes is cancelled once it exists.
     """
+    name = await asyncio.to_thread(use_cluster, cluster)
+    scheduler, cfg = _with_cluster(scheduler, cfg, name)
     _check_submit_args(scheduler, cfg, workspace, idempotency_key)
     _jobs.guard_flow_run()  # here: signal handlers can only be set from the main thread
     runner = get_runner()
@@ -216,6 +235,7 @@ def wait_for_job(
     stream_logs: bool = True,
     cancel_on_timeout: bool = True,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+    cluster: SlurmCluster | str | None = None,
 ) -> AppStatus:
     """Waits for the job to end and returns its final status; raises if it did not succeed.
 
@@ -227,6 +247,8 @@ def wait_for_job(
         cancel_on_timeout: cancel the job when ``timeout`` passes
         cancel_check_interval: seconds between checks of the flow run's state in the API, to
             cancel the job when the flow run is cancelled (None: do not check)
+        cluster: the :class:`~prefect_tasks.blocks.SlurmCluster` the job runs on, when it is
+            one (another process than the submitter's needs its settings)
 
     The job is cancelled when the wait is interrupted: a task or flow timeout, a cancelled flow
     run, SIGTERM to the flow process, also when this task was started with ``.submit()``. An
@@ -241,6 +263,7 @@ def wait_for_job(
     """
     _check_handle(handle)
     _check_wait_args(timeout, poll_interval, cancel_check_interval)
+    use_cluster(cluster)
     logger = _logger()
     watch = _jobs.CancelWatch(cancel_check_interval)
     with get_runner() as runner:
@@ -270,10 +293,12 @@ async def wait_for_job_async(
     stream_logs: bool = True,
     cancel_on_timeout: bool = True,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+    cluster: SlurmCluster | str | None = None,
 ) -> AppStatus:
     """:func:`wait_for_job` for async flows (same arguments, errors and cancellation)."""
     _check_handle(handle)
     _check_wait_args(timeout, poll_interval, cancel_check_interval)
+    await asyncio.to_thread(use_cluster, cluster)
     logger = _logger()
     watch = _jobs.CancelWatch(cancel_check_interval)
     with get_runner() as runner:
@@ -346,6 +371,7 @@ def stream_job_logs(
     timeout: float | None = None,
     max_lines: int = 1000,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+    cluster: SlurmCluster | str | None = None,
 ) -> list[str]:
     """Sends the job's log lines to the run logger, one record per line (``role/replica line``).
 
@@ -366,6 +392,7 @@ def stream_job_logs(
     _check_log_args(role, replica, regex, max_lines)
     _check_positive(timeout, "timeout")
     _check_positive(cancel_check_interval, "cancel_check_interval")
+    use_cluster(cluster)
     watch = _jobs.CancelWatch(cancel_check_interval)
     with get_runner() as runner:
         _check_replica_exists(runner, handle, role, replica)
@@ -395,12 +422,14 @@ async def stream_job_logs_async(
     timeout: float | None = None,
     max_lines: int = 1000,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
+    cluster: SlurmCluster | str | None = None,
 ) -> list[str]:
     """:func:`stream_job_logs` for async flows."""
     _check_handle(handle)
     _check_log_args(role, replica, regex, max_lines)
     _check_positive(timeout, "timeout")
     _check_positive(cancel_check_interval, "cancel_check_interval")
+    await asyncio.to_thread(use_cluster, cluster)
     watch = _jobs.CancelWatch(cancel_check_interval)
     with get_runner() as runner:
         await asyncio.to_thread(_check_replica_exists, runner, handle, role, replica)
@@ -455,27 +484,38 @@ def _cancel(handle: AppHandle, wait: bool, timeout: float) -> AppStatus | None:
 
 
 @task(name="shipyard-cancel-job", cache_policy=NO_CACHE)
-def cancel_job(handle: AppHandle, wait: bool = True, timeout: float = 60.0) -> AppStatus | None:
+def cancel_job(
+    handle: AppHandle,
+    wait: bool = True,
+    timeout: float = 60.0,
+    cluster: SlurmCluster | str | None = None,
+) -> AppStatus | None:
     """Cancels the job (idempotent) and returns its status (None if the app is unknown).
 
     Args:
         handle: the job's app handle
         wait: wait until the job is final (CANCELLED, or whatever it ended as first)
         timeout: seconds to wait at most
+        cluster: the :class:`~prefect_tasks.blocks.SlurmCluster` the job runs on, if any
 
     Raises:
         TimeoutError: ``wait`` and the job is still not final after ``timeout`` seconds.
     """
     _check_handle(handle)
     _check_positive(timeout, "timeout", allow_none=False)
+    use_cluster(cluster)
     return _cancel(handle, wait, timeout)
 
 
 @task(name="shipyard-cancel-job", cache_policy=NO_CACHE)
 async def cancel_job_async(
-    handle: AppHandle, wait: bool = True, timeout: float = 60.0
+    handle: AppHandle,
+    wait: bool = True,
+    timeout: float = 60.0,
+    cluster: SlurmCluster | str | None = None,
 ) -> AppStatus | None:
     """:func:`cancel_job` for async flows."""
     _check_handle(handle)
     _check_positive(timeout, "timeout", allow_none=False)
+    await asyncio.to_thread(use_cluster, cluster)
     return await asyncio.to_thread(_cancel, handle, wait, timeout)

@@ -100,7 +100,7 @@ class MemoryScheduler(Scheduler[dict[str, Any]]):
     def list(self) -> list[ListAppResponse]:
         return [ListAppResponse(app_id=i, state=r["state"]) for i, r in self.apps.items()]
 
-    def find_by_idempotency_key(self, key: str) -> str | None:
+    def find_by_idempotency_key(self, key: str, cfg: Any = None) -> str | None:
         found = [i for i, r in self.apps.items() if r["key"] == key]
         return found[-1] if found else None
 

@@ -162,14 +162,15 @@ def test_local_log_dir_path_tricks_write_only_inside_the_resolved_log_dir(
 
 _FAKE_SRUN = textwrap.dedent(
     """\
-    srun() { printf '%s\\0' "$@" > "$SRUN_DUMP"; }
+    srun() { printf '%s\\0' "$@" > "$SRUN_DUMP"; env -0 > "$SRUN_DUMP.env"; }
     scontrol() { :; }
     """
 )
 
 
 def run_script_with_fake_srun(script: str, tmp_path: Path) -> list[str]:
-    """Runs the batch script in bash with ``srun`` recording its argv (SLURM_JOB_ID=4242)."""
+    """Runs the batch script in bash with ``srun`` recording its argv (SLURM_JOB_ID=4242) and
+    its environment (``srun.argv.env``)."""
     dump = tmp_path / "srun.argv"
     dump.unlink(missing_ok=True)
     body = script.split("\n", 1)[1]  # after the shebang
@@ -179,7 +180,11 @@ def run_script_with_fake_srun(script: str, tmp_path: Path) -> list[str]:
         cwd=tmp_path, capture_output=True, timeout=30,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
-    return [a.decode("utf-8", "surrogateescape") for a in dump.read_bytes().split(b"\0")[:-1]]
+    return _nul_split(dump.read_bytes())
+
+
+def _nul_split(data: bytes) -> list[str]:
+    return [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")[:-1]]
 
 
 def _components(argv: list[str]) -> list[list[str]]:
@@ -192,29 +197,41 @@ def _components(argv: list[str]) -> list[list[str]]:
     return comps
 
 
-def _program_argv(cmd: list[str], env: dict[str, str], tmp_path: Path) -> list[str]:
-    """The argv the program gets from ``env K=V... CMD``: a command handed to ``/bin/sh -c
-    'exec ...'`` (for ``:`` or ``=`` in it) is evaluated by sh with ``exec`` recorded."""
-    if len(cmd) == 3 and cmd[:2] == ["/bin/sh", "-c"] and cmd[2].startswith("exec "):
-        rec = tmp_path / "exec.argv"
-        script = 'rec() { for a; do printf \'%s\\0\' "$a"; done > "$REC"; }; rec ' + cmd[2][5:]
-        p = subprocess.run(["/bin/sh", "-c", script], env={**env, "REC": str(rec)},
-                           capture_output=True, timeout=30)  # fmt: skip
-        assert p.returncode == 0, p.stderr
-        return [a.decode("utf-8", "surrogateescape") for a in rec.read_bytes().split(b"\0")[:-1]]
-    return cmd
+_REC = 'rec() { for a; do printf \'%s\\0\' "$a"; done > "$REC"; env -0 > "$REC.env"; }; '
 
 
-def _check_component(comp: list[str], role: Role, replica: int, tmp_path: Path) -> None:
-    i = comp.index("env")
-    n_env = len(role.env) + 4  # the role's variables, then SHIPYARD_{APP_ID,ROLE_NAME,...}
-    env_tokens, cmd = comp[i + 1 : i + 1 + n_env], comp[i + 1 + n_env :]
-    env = dict(t.partition("=")[::2] for t in env_tokens)
+def _run_component(
+    cmd: list[str], srun_env: dict[str, str], tmp_path: Path
+) -> tuple[list[str], dict[str, str]]:
+    """What the program of one component gets: its argv and environment. The component's
+    ``/bin/sh -c PRELUDE; exec ...`` is run by sh with its ``exec`` recording instead."""
+    assert cmd[:2] == ["/bin/sh", "-c"], cmd
+    head, _, tail = cmd[2].rpartition("exec ")
+    rec = tmp_path / "exec.argv"
+    p = subprocess.run(["/bin/sh", "-c", _REC + head + "rec " + tail, *cmd[3:]],
+                       env={**srun_env, "REC": str(rec)}, capture_output=True, timeout=30)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    env = dict(kv.partition("=")[::2] for kv in _nul_split(Path(f"{rec}.env").read_bytes()))
+    return _nul_split(rec.read_bytes()), env
+
+
+def _check_component(
+    comp: list[str], srun_env: dict[str, str], role: Role, replica: int, tmp_path: Path
+) -> None:
+    i = comp.index("/bin/sh")
+    assert all(t.startswith("--") for t in comp[:i])  # srun's own options, then the command
+    argv, env = _run_component(comp[i:], srun_env, tmp_path)
     v = macros.Values(img_root="", app_id="4242", replica_id=str(replica), rank0_env="")
-    assert list(env.items())[: len(role.env)] == [(k, v.substitute(x)) for k, x in role.env.items()]
+    assert {k: env.get(k) for k in role.env} == {k: v.substitute(x) for k, x in role.env.items()}
+    assert not any(k.startswith("SHIPYARD_ENV_") for k in env)  # the private names are gone
     # args get every macro; the entrypoint none, except that slurm resolves ${app_id} in it
     want = [role.entrypoint.replace(macros.app_id, "4242"), *(v.substitute(a) for a in role.args)]
-    assert _program_argv(cmd, env, tmp_path) == want
+    assert argv == want
+    # no value of the environment is on the command line (values long enough not to occur in
+    # the command's own words by chance; tests/core/test_slurm_remote.py scrapes ps for it)
+    for value in role.env.values():
+        if len(value) >= 16 and all(value not in a for a in want):
+            assert all(value not in token for token in comp), value
 
 
 no_nul_text = st.text().map(lambda s: s.replace("\x00", ""))
@@ -242,12 +259,16 @@ def test_slurm_script_passes_every_value_to_srun_verbatim(
     cfg = {"comment": comment} if comment else {}
     info = SlurmScheduler("hostile").submit_dryrun(AppDef("evil", [role]), cfg)
     argv = run_script_with_fake_srun(str(info), tmp_path)
+    srun_env = dict(
+        kv.partition("=")[::2] for kv in _nul_split((tmp_path / "srun.argv.env").read_bytes())
+    )
     comps = _components(argv)
     assert len(comps) == replicas
     for k, comp in enumerate(comps):
-        _check_component(comp, role, k, tmp_path)
+        _check_component(comp, srun_env, role, k, tmp_path)
     assert not Path("/tmp/sy-canary").exists()
-    assert {p.name for p in tmp_path.iterdir()} <= {"srun.argv", "exec.argv"}, "files created"
+    made = {"srun.argv", "srun.argv.env", "exec.argv", "exec.argv.env"}
+    assert {p.name for p in tmp_path.iterdir()} <= made, "files created"
 
 
 @pytest.mark.parametrize("entrypoint", ["X=1", "A=B=C", "PATH=/nonexistent"])

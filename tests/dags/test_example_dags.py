@@ -96,6 +96,54 @@ def test_slurm_job_dag(run_dag: Any, slurm_cluster: None) -> None:
     assert result.xcom("simulate").startswith("slurm://")
 
 
+@pytest.mark.parametrize("transport", ["ssh", "rest"])
+def test_slurm_job_dag_through_a_connection(
+    run_dag: Any, transport: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example DAG on a cluster reached through an Airflow connection only: no Slurm
+    command on the worker, no clusters file; the key and token stay out of logs and XCom."""
+    import json as _json
+    import uuid
+
+    from tests.core.slurm_clusters import no_local_slurm, use_remote_clusters
+    from tests.services import REMOTE_DIR
+
+    use_remote_clusters(monkeypatch, tmp_path)
+    monkeypatch.delenv("SHIPYARD_CLUSTERS")
+    no_local_slurm(monkeypatch, tmp_path)
+    key = open(os.path.join(REMOTE_DIR, "userkey")).read()
+    extra = {
+        "scheduler": "slurm",
+        "transport": transport,
+        "private_key": key,
+        "known_hosts": os.path.join(REMOTE_DIR, "known_hosts"),
+        "remote_dir": "/home/hpcuser/shipyard",
+    }
+    conn: dict[str, Any] = {"conn_type": "shipyard", "host": "127.0.0.1", "port": 2222,
+                            "login": "hpcuser", "extra": extra}  # fmt: skip
+    token = ""
+    if transport == "rest":
+        token = subprocess.run(
+            ["/usr/bin/scontrol", "token", "username=hpcuser", "lifespan=600"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip().partition("=")[2]  # fmt: skip
+        extra["rest_url"] = "http://127.0.0.1:6820"
+        conn["password"] = token
+    conn_id = f"slurm_{transport}_{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", _json.dumps(conn))
+    result = run_dag("shipyard_slurm_job", run_conf={"shipyard_conn_id": conn_id})
+    assert result.states == {"simulate": "success"}, result.log[-3000:]
+    assert result.lines("coordinator/0 coordinator on")
+    for k in (0, 1):
+        assert result.lines(f"worker/{k} worker {k}: done")
+    handle = result.xcom("simulate")
+    assert handle.startswith("slurm://") and f"/{conn_id}:" in handle  # names the connection
+    key_body = key.strip().splitlines()[1]
+    for secret in filter(None, [key_body, token]):
+        assert secret not in result.log
+        assert secret not in str(result.xcom("simulate")) + str(result.xcom("simulate", "app_id"))
+
+
 def test_local_dag_runs_as_a_script(airflow_db: None) -> None:
     """``python dags/shipyard_local_job.py`` (the README demo) runs the DAG and exits 0."""
     out = subprocess.run(

@@ -140,3 +140,59 @@ def test_task_timeout_cancels_a_slurm_job(name: str, slurm_dir: Path) -> None:
         ["squeue", "-h", "-n", name, "-o", "%i %T"], capture_output=True, text=True, check=True
     )
     assert queued.stdout.strip() == "", queued.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# a Slurm cluster reached through a SlurmCluster block (SSH login node / slurmrestd)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("transport", ["ssh", "rest"])
+def test_flow_with_a_slurm_cluster_block(
+    name: str, transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow reaches the cluster only through the block (no Slurm command on PATH, no
+    clusters file); the block is saved on the server and loaded by name in the flow."""
+    import os
+    import uuid
+
+    from prefect_tasks import SlurmCluster
+    from tests.core.slurm_clusters import use_remote_clusters
+    from tests.services import REMOTE_DIR
+
+    use_remote_clusters(monkeypatch, tmp_path)
+    monkeypatch.delenv("SHIPYARD_CLUSTERS")
+    key = Path(REMOTE_DIR, "userkey").read_text()
+    settings: dict[str, Any] = {
+        "cluster_name": f"blk-{transport}-{uuid.uuid4().hex[:6]}",
+        "transport": transport,
+        "host": "127.0.0.1",
+        "port": 2222,
+        "user": "hpcuser",
+        "private_key": key,
+        "known_hosts": os.path.join(REMOTE_DIR, "known_hosts"),
+        "remote_dir": "/home/hpcuser/shipyard",
+    }
+    if transport == "rest":
+        settings["rest_url"] = "http://127.0.0.1:6820"
+        settings["token"] = subprocess.run(
+            ["/usr/bin/scontrol", "token", "username=hpcuser", "lifespan=600"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip().partition("=")[2]  # fmt: skip
+    block_name = settings["cluster_name"]
+    SlurmCluster(**settings).save(block_name)
+    assert key.strip().splitlines()[1] not in repr(SlurmCluster.load(block_name))
+
+    @flow(name=f"{name}-block")
+    def on_cluster() -> tuple[str, str]:
+        handle = submit_job(_app(name), cluster=block_name)
+        status = wait_for_job(handle, cluster=block_name, poll_interval=0.5)
+        return handle, status.state.name
+
+    handle, state = on_cluster()
+    assert state == "SUCCEEDED"
+    assert f"/{settings['cluster_name']}:" in handle  # the handle names the cluster
+    with get_runner() as runner:
+        lines = sorted(str(line) for line in runner.stream_logs(handle, should_tail=False))
+    assert lines == sorted(EXPECTED)

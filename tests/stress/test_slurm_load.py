@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from core.runner import get_runner
-from core.schedulers import slurm_scheduler as slurm_mod
+from core.schedulers.slurm.transport import LocalShell
 from core.specs import AppDef, AppState, Role, is_terminal
 from tests.stress.conftest import scaled
 
@@ -58,14 +58,14 @@ class CallCounter:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()
-        real = slurm_mod._run
+        real = LocalShell.run
 
-        def counting(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
+        def counting(shell: LocalShell, cmd: list[str], **kwargs: Any) -> Any:
             with self._lock:
                 self.calls[cmd[0]] += 1
-            return real(cmd, *args, **kwargs)
+            return real(shell, cmd, **kwargs)
 
-        monkeypatch.setattr(slurm_mod, "_run", counting)
+        monkeypatch.setattr(LocalShell, "run", counting)
 
     def snapshot(self) -> Counter[str]:
         with self._lock:

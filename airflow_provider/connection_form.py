@@ -1,0 +1,68 @@
+"""The ``shipyard`` connection type's form: its extra fields and how the standard fields show.
+
+Declared here, without importing Airflow, so that :func:`airflow_provider.get_provider_info`
+can hand them to Airflow (``conn-fields`` and ``ui-field-behaviour``, Airflow 3.2+).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["CONN_FIELDS", "UI_FIELD_BEHAVIOUR"]
+
+UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": ["schema"],
+    "relabeling": {
+        "host": "SSH login node (Slurm)",
+        "login": "User",
+        "password": "slurmrestd token (JWT)",
+    },
+    "placeholders": {
+        "host": "login.hpc.example (or an alias of ~/.ssh/config)",
+        "port": "22",
+        "login": "the cluster user",
+    },
+}
+
+#: the connection form's extra fields (Airflow 3.2+ ``conn-fields``)
+CONN_FIELDS: dict[str, Any] = {
+    "scheduler": {
+        "label": "Scheduler",
+        "schema": {
+            "type": ["string", "null"],
+            "enum": [None, "local_cwd", "local_dir", "local_docker", "slurm"],
+        },  # fmt: skip
+    },
+    "cfg": {
+        "label": "Default run options (JSON)",
+        "schema": {"type": ["string", "null"]},
+        "description": 'e.g. {"partition": "gpu", "time": "2:00:00"}',
+    },
+    "transport": {
+        "label": "Slurm transport",
+        "schema": {"type": ["string", "null"], "enum": [None, "local", "ssh", "rest"]},
+        "description": "how to reach a Slurm cluster that is not this worker",
+    },
+    "rest_url": {"label": "slurmrestd URL", "schema": {"type": ["string", "null"]}},
+    "private_key": {
+        "label": "SSH private key",
+        "schema": {"type": ["string", "null"], "format": "password"},
+    },
+    "identity_file": {"label": "SSH private key file", "schema": {"type": ["string", "null"]}},
+    "known_hosts": {
+        "label": "known_hosts file (or accept-new)",
+        "schema": {"type": ["string", "null"]},
+    },
+    "remote_dir": {
+        "label": "Directory on the cluster for logs and job directories",
+        "schema": {"type": ["string", "null"]},
+    },
+    "local_mount": {
+        "label": "That directory as mounted on the workers (optional)",
+        "schema": {"type": ["string", "null"]},
+    },
+    "token_command": {
+        "label": "Command printing the JWT (instead of the token field)",
+        "schema": {"type": ["string", "null"]},
+    },
+}
