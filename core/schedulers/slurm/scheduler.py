@@ -107,6 +107,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         self._default_dirs: dict[str | None, str | None] = {}
         self._workdirs: dict[str, str] = {}
         self._created_job_dirs: set[str] = set()
+        self._made_dirs: set[str] = set()
+        self._probed: set[str] = set()  # clusters reached once (their settings work)
 
     # -- clusters ------------------------------------------------------------------------------
 
@@ -145,6 +147,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
     def _probe(self, cluster: str) -> None:
         """Reaches the cluster once (before anything is submitted), so that a bad host, key,
         host key, token or API version is one clear error naming the setting."""
+        if cluster in self._probed:
+            return
         config = self._cluster(cluster)
         client = self._client(cluster)
         try:
@@ -154,6 +158,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         except TransportError as e:
             where = "rest_url" if config.transport == "rest" else "host"
             raise ClusterError(f"cluster {cluster!r}: {where}: {e}") from None
+        self._probed.add(cluster)
 
     # -- options -----------------------------------------------------------------------------
 
@@ -336,11 +341,13 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         """Creates the job's directory (``job_dir``, or a cluster's ``remote_dir``) and keeps
         a copy of the script in ``job_dir`` (readable by its owner only). True if this call
         created ``job_dir``."""
-        if workdir is None:
+        if workdir is None or workdir in self._made_dirs:
             return False
         files = client.files or LocalFiles()
         created = files.mkdir(workdir, parents=True)
-        if req.job_dir:
+        if not req.job_dir:
+            self._made_dirs.add(workdir)  # (a cluster's remote_dir: made once per scheduler)
+        else:
             files.write(
                 posixpath.join(req.job_dir, "shipyard-sbatch.sh"), req.materialize().encode()
             )

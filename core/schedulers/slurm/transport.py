@@ -16,6 +16,7 @@ import os
 import shlex
 import subprocess
 from dataclasses import dataclass
+from typing import Protocol
 
 from core.schedulers.slurm.jobinfo import (
     SACCT_FIELDS,
@@ -35,6 +36,7 @@ __all__ = [
     "Files",
     "LocalFiles",
     "LocalShell",
+    "Reader",
     "Shell",
     "SlurmClient",
     "SubmitRefused",
@@ -60,13 +62,21 @@ class CommandResult:
     stderr: str
 
 
+class Reader(Protocol):
+    """An open file being read from an offset on: ``read(size)`` gives the next bytes (empty
+    at the file's current end; later calls see what was appended since)."""
+
+    def read(self, size: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class Files(abc.ABC):
     """The cluster's files, as the scheduler needs them."""
 
     @abc.abstractmethod
-    def read_from(self, path: str, offset: int, size: int) -> bytes | None:
-        """Up to ``size`` bytes of ``path`` from ``offset`` (empty at its end); None if the
-        file does not exist."""
+    def open_reader(self, path: str, offset: int = 0) -> Reader | None:
+        """``path`` opened for reading from ``offset``; None if the file does not exist."""
 
     @abc.abstractmethod
     def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
@@ -98,13 +108,13 @@ class LocalFiles(Files):
             return self._mount + path[len(self._prefix) :]
         return path
 
-    def read_from(self, path: str, offset: int, size: int) -> bytes | None:
+    def open_reader(self, path: str, offset: int = 0) -> Reader | None:
         try:
-            with open(self._local(path), "rb") as f:
-                f.seek(offset)
-                return f.read(size)
+            f = open(self._local(path), "rb")  # noqa: SIM115 (the caller closes it)
         except FileNotFoundError:
             return None
+        f.seek(offset)
+        return f
 
     def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
         fd = os.open(self._local(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
