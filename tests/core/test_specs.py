@@ -216,9 +216,13 @@ def test_app_handles() -> None:
     p = parse_app_handle(h)
     assert (p.scheduler_backend, p.session_name, p.app_id) == ("local_cwd", "sess", "app-1")
     assert parse_app_handle("slurm:///42").session_name == ""
-    for bad in ["", "local_cwd", "local_cwd://sess", "local_cwd:/s/a", "x://s/a/b", "://s/a"]:
+    bad_handles = ["", "local_cwd", "local_cwd://sess", "local_cwd:/s/a", "x://s/a/b", "://s/a",
+                   "slurm://s/123\n", " slurm://s/123", "slurm://s/123 "]  # fmt: skip
+    for bad in bad_handles:
         with pytest.raises(MalformedAppHandleException, match="app handle: expected"):
             parse_app_handle(bad)
+    # a named cluster's job: the app id carries the cluster
+    assert parse_app_handle("slurm://s/hpc1:123").app_id == "hpc1:123"
     assert issubclass(MalformedAppHandleException, ValueError)
 
 
