@@ -25,11 +25,10 @@ def _rss() -> dict[str, int]:
 
 def local_describe(app_id: str, runs: int, mode: str) -> dict[str, list[float]]:
     from bench.harness import interleave, repeat_timed
-    from core.schedulers import _local_runtime as rt
-    from core.schedulers.local_scheduler import create_cwd_scheduler
+    from core.schedulers.local_scheduler import create_cwd_scheduler, state_dir
     from core.specs import AppState
 
-    app_file = os.path.join(rt.apps_root(), app_id, rt.APP_FILE)
+    app_file = os.path.join(state_dir(), app_id, "app.json")
     inner = 20
 
     def raw_once() -> None:

@@ -41,19 +41,17 @@ def _state(status: Any) -> Any:
 
 
 def _app_dir(app_id: str) -> str:
-    from core.schedulers import _local_runtime as rt
+    from core.schedulers.local_scheduler import state_dir
 
-    return os.path.join(rt.apps_root(), app_id)
+    return os.path.join(state_dir(), app_id)
 
 
 def _quiesce(runner: Any, handle: str) -> None:
     """Waits until the app is terminal and its logs are collected, so that the background
     work of one trial (reaper, collector) does not run during the next one."""
-    from core.schedulers import _local_runtime as rt
-
     wait_for(lambda: (s := runner.status(handle)) is not None and s.is_terminal(), 30, handle)
     app_dir = _app_dir(handle.rsplit("/", 1)[1])
-    wait_for(lambda: os.path.exists(os.path.join(app_dir, rt.LOGS_DONE)), 30, f"{handle} logs")
+    wait_for(lambda: os.path.exists(os.path.join(app_dir, "logs_done")), 30, f"{handle} logs")
 
 
 def _raw_popen(cmd: list[str], n: int, log_dir: str) -> list[subprocess.Popen[bytes]]:
@@ -245,8 +243,8 @@ def run(ctx: Ctx) -> list[Row]:
 
     # -- log_iter ----------------------------------------------------------------------------
     def log_rows() -> None:
-        from core.schedulers import _local_runtime as rt
         from core.schedulers import get_scheduler_factories
+        from core.schedulers.local.appdir import AppDir
 
         expected = ctx.log_lines()
         h = runner.run(_app("blog", "cat", [ctx.log_file()]), "local_cwd")
@@ -256,9 +254,9 @@ def run(ctx: Ctx) -> list[Row]:
         app_id = h.rsplit("/", 1)[1]
         sched = get_scheduler_factories()["local_cwd"]("bench")
         # raw: the file the process wrote (log_iter reads the collected combined log)
-        summary = rt.load_summary(_app_dir(app_id))
-        assert summary is not None
-        path = summary["replicas"][0]["out"]
+        record = AppDir(*os.path.split(_app_dir(app_id))).read_record()
+        assert record is not None
+        path = record.replicas[0].stdout
         pat = re.compile(LOG_REGEX)
 
         for regex in (None, LOG_REGEX):

@@ -401,31 +401,32 @@ def test_background_thread_failure_is_survived_by_the_next_submit(
 ) -> None:
     """A bug that ends the local scheduler's background thread (injected: reaping raises) is
     logged, and the next submit starts a new thread that reaps and collects as before."""
-    from core.schedulers import local_scheduler as ls
+    from core.schedulers.local import background
+    from core.schedulers.local_scheduler import state_dir
 
+    bg = background.BACKGROUND
     runner.run(AppDef("bg-warm", [Role("r", entrypoint="true")]), "local_cwd")
-    old = wait_for(lambda: ls._BG._thread, what="the background thread")
+    old = wait_for(lambda: bg.thread, what="the background thread")
     assert isinstance(old, threading.Thread)
-    real = ls._reaped
 
     def broken(*args: Any, **kwargs: Any) -> bool:
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(ls, "_reaped", broken)
+    monkeypatch.setattr(background._Child, "reaped", broken)
     first = runner.run(AppDef("bg-dies", [Role("r", entrypoint="true")]), "local_cwd")
     wait_for(lambda: not old.is_alive(), what="the background thread to end")
-    assert ls._BG._thread is None
-    monkeypatch.setattr(ls, "_reaped", real)
+    assert bg.thread is None
+    monkeypatch.undo()
 
     handle = runner.run(
         AppDef("bg-after", [Role("r", entrypoint="echo", args=["hi"])]), "local_cwd"
     )
-    new = ls._BG._thread
+    new = bg.thread
     assert new is not None and new is not old and new.is_alive()
     st = wait_final(runner, handle)
     assert st.state == AppState.SUCCEEDED  # type: ignore[attr-defined]
     assert list(runner.log_lines(handle, "r", 0)) == ["hi\n"]
-    app_dir = os.path.join(ls.state_dir(), parse_app_handle(handle).app_id)
+    app_dir = os.path.join(state_dir(), parse_app_handle(handle).app_id)
     wait_for(lambda: os.path.exists(os.path.join(app_dir, "logs_done")), what="log collection")
     # the app whose watch was lost still ends and its logs can be read
     assert wait_final(runner, first).state == AppState.SUCCEEDED  # type: ignore[attr-defined]

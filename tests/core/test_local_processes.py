@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from core.schedulers import _local_runtime as rt
 from core.schedulers.api import Stream
+from core.schedulers.local.processes import proc_stat
 from core.schedulers.local_scheduler import LocalScheduler, create_cwd_scheduler, state_dir
 from core.specs import AppDef, AppState, Role, is_terminal
 
@@ -44,7 +44,7 @@ def live_processes(marker: str) -> list[tuple[int, str]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        st = rt.proc_stat(int(name))
+        st = proc_stat(int(name))
         if st is None or st[0] in ("Z", "X"):
             continue
         try:
@@ -57,7 +57,7 @@ def live_processes(marker: str) -> list[tuple[int, str]]:
 
 
 def pid_alive(pid: int) -> bool:
-    st = rt.proc_stat(pid)
+    st = proc_stat(pid)
     return st is not None and st[0] not in ("Z", "X")
 
 

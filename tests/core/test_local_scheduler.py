@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -12,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from core.schedulers import get_scheduler_factories
-from core.schedulers._local_runtime import collector_alive
 from core.schedulers.api import IDEMPOTENCY_KEY, Stream
+from core.schedulers.local.appdir import AppDir
 from core.schedulers.local_scheduler import (
     CWDImageProvider,
     LocalDirectoryImageProvider,
@@ -380,7 +382,7 @@ def test_streams_and_whitespace(sched: LocalScheduler, tmp_path: Path) -> None:
     )
     app_id = sched.submit(AppDef("streams", [sh(script)]), {})
     # combined.log has the arrival order of what its collector saw arrive: wait for it to run
-    wait_for(lambda: collector_alive(os.path.join(state_dir(), app_id)), what="collector")
+    wait_for(lambda: AppDir(state_dir(), app_id).collector_alive(), what="collector")
     go.touch()
     assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
     assert list(sched.log_iter(app_id, "r", 0, streams=Stream.STDOUT)) == [
@@ -695,38 +697,35 @@ def test_signal_handler_chained_back_to_itself_does_not_recurse() -> None:
         signal.signal(signal.SIGTERM, before)
 
 
-def test_start_gate_is_not_held_by_a_forked_child() -> None:
-    # replicas wait for end-of-file on the gate: a child forked meanwhile must not keep the
-    # write end open (it would hold every replica of the submit until it exits)
-    from core.schedulers import local_scheduler as ls
+def test_start_gate_is_not_held_by_a_forked_child(tmp_path: Path) -> None:
+    # the submitter lets the replicas go with one line each, not with end-of-file: a child
+    # forked meanwhile that keeps the write end open does not hold them
+    from core.schedulers.local.spawn import Gate
 
-    r, w = ls._open_gate()
+    gate = Gate()
+    pid = os.fork()
+    if pid == 0:  # the child keeps the write end open until the parent's check is done
+        time.sleep(5)
+        os._exit(0)
     try:
-        assert r != 3
-        pid = os.fork()
-        if pid == 0:  # the child: is the write end still open here?
-            try:
-                os.fstat(w)
-                os._exit(1)
-            except OSError:
-                os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        reader = subprocess.Popen(["sh", "-c", "read _; echo through"], stdin=os.dup(gate.read_fd),
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        gate.open(1)
+        out, _ = reader.communicate(timeout=3)
+        assert out == "through\n"
     finally:
-        ls._release_gate(r, w)
-    assert w not in ls._GATES
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def test_replicas_start_once_every_replica_was_spawned(sched: LocalScheduler) -> None:
     # the gate opens after the spawn loop: no replica's command starts before the last
     # wrapper was spawned, and every one of them runs
-    from core.schedulers import _local_runtime as rt
-
     app = AppDef("gate", [Role("r", entrypoint="sh", args=["-c", "date +%s.%N"], num_replicas=16)])
     app_id = sched.submit(app, {})
     assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
-    summary = rt.load_summary(os.path.join(rt.apps_root(), app_id))
-    assert summary is not None
-    last_spawn = max(float(r["t"]) for r in summary["replicas"])
+    record = AppDir(state_dir(), app_id).read_record()
+    assert record is not None
+    last_spawn = max(r.spawned for r in record.replicas)
     starts = [float("".join(sched.log_iter(app_id, "r", k)).strip()) for k in range(16)]
     assert min(starts) >= last_spawn

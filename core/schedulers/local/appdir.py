@@ -1,0 +1,392 @@
+"""The state of local apps on disk: where it lives (:func:`apps_root`), one app's directory
+(:class:`AppDir`, the only code that reads or writes it) and idempotency-key claims
+(:class:`KeyClaims`).
+
+Layout of one app's directory (``<state root>/local/<app_id>/``, mode 0700)::
+
+    app.json          the AppRecord, created once before any replica's command may run
+    exits             "<index> <code>" lines, appended by the replicas' wrappers (or by whoever
+                      saw a wrapper killed)
+    cancelled         marker: a cancel was requested
+    gang              marker: a replica failed and the others were told to terminate (JSON)
+    done              the FinalState, written by whoever first sees the app end
+    collector.lock    flock'ed by the live log collector
+    collector.log     what a collector process had to say (errors only)
+    idx.<index>       the time index of one replica's logs
+    logs_done         the collector consumed every byte of every replica's output
+    <role>.<k>.{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
+
+A state root or app directory that another user owns, or that others can write, is refused:
+a swapped directory must never make ``cancel`` signal processes it names.
+
+Standard library only: the log collector process imports this module too.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from core.schedulers.local.records import LOST, AppRecord, ExitCode, FinalState
+
+__all__ = ["AppDir", "KeyClaims", "UnsafeStateError", "apps_root", "state_root"]
+
+STATE_DIR_ENV = "SHIPYARD_STATE_DIR"
+
+
+class UnsafeStateError(ValueError):
+    """A state directory that another user owns or others can write."""
+
+
+def state_root() -> str:
+    """``$SHIPYARD_STATE_DIR`` else ``$XDG_STATE_HOME/shipyard`` else ``~/.local/state/shipyard``."""
+    root = os.environ.get(STATE_DIR_ENV)
+    if not root:
+        xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(
+            os.path.expanduser("~"), ".local", "state"
+        )
+        root = os.path.join(xdg, "shipyard")
+    return os.path.abspath(root)
+
+
+def apps_root() -> str:
+    """The directory holding one directory per local app."""
+    return os.path.join(state_root(), "local")
+
+
+def check_private(path: str, what: str, st: os.stat_result | None = None) -> None:
+    """Raises :class:`UnsafeStateError` if ``path`` is not owned by this user or others can
+    write it (mode bits ``g+w``/``o+w``)."""
+    if st is None:
+        st = os.stat(path)
+    if st.st_uid != os.geteuid():
+        raise UnsafeStateError(
+            f"{what} {path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}):"
+            " refusing to use it"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeStateError(
+            f"{what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}):"
+            " refusing to use it"
+        )
+
+
+def ensure_apps_root() -> str:
+    """The apps root, created (mode 0700) if needed and checked to be this user's alone.
+
+    Raises:
+        ValueError: it cannot be created, or it is not private (naming it).
+    """
+    root = apps_root()
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        try:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            st = os.stat(root)
+        except OSError as e:
+            raise ValueError(f"state directory: cannot create {root}: {e.strerror or e}") from e
+    check_private(root, "state directory", st)
+    return root
+
+
+class AppDir:
+    """One app's directory. Every read and write of an app's state goes through here."""
+
+    RECORD = "app.json"
+    EXITS = "exits"
+    CANCELLED = "cancelled"
+    GANG = "gang"
+    DONE = "done"
+    LOGS_DONE = "logs_done"
+    LOCK = "collector.lock"
+    COLLECTOR_LOG = "collector.log"
+    INDEX_PREFIX = "idx."
+
+    def __init__(self, root: str, app_id: str) -> None:
+        self.app_id = app_id
+        self.path = os.path.join(root, app_id)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def index_file(self, g: int) -> str:
+        return self.file(f"{self.INDEX_PREFIX}{g}")
+
+    # -- the directory --------------------------------------------------------------------
+
+    def create(self) -> None:
+        """Makes the directory (mode 0700). FileExistsError if the app id is taken."""
+        os.mkdir(self.path, 0o700)
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.path)
+
+    def check_private(self) -> None:
+        """Refuses (:class:`UnsafeStateError`) a directory swapped for one of another user's or
+        made writable by others, before anything acts on what it says."""
+        st = os.lstat(self.path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeStateError(f"app directory {self.path} is not a directory")
+        check_private(self.path, "app directory", st)
+
+    def names(self) -> set[str] | None:
+        """The files in the directory; None if it is gone."""
+        try:
+            return set(os.listdir(self.path))
+        except FileNotFoundError:
+            return None
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    # -- the record -------------------------------------------------------------------------
+
+    def write_record(self, record: AppRecord) -> bool:
+        """Creates ``app.json`` (one exclusive create: readers take a half-written file for a
+        missing one); False if it exists."""
+        return _create_exclusive(self.file(self.RECORD), record.to_json())
+
+    def read_record(self) -> AppRecord | None:
+        text = _read_text(self.file(self.RECORD))
+        return None if text is None else AppRecord.from_json(text)
+
+    def has_record(self) -> bool:
+        return os.path.exists(self.file(self.RECORD))
+
+    def record_mtime(self) -> float | None:
+        try:
+            return os.stat(self.file(self.RECORD)).st_mtime
+        except FileNotFoundError:
+            return None
+
+    # -- exit codes -------------------------------------------------------------------------
+
+    def exits(self) -> dict[int, ExitCode]:
+        """The recorded exit codes by replica index (the first record of a replica wins)."""
+        text = _read_text(self.file(self.EXITS))
+        codes: dict[int, ExitCode] = {}
+        for line in (text or "").split("\n"):
+            g, _, value = line.partition(" ")
+            if not value or not g.isdigit() or int(g) in codes:
+                continue  # (a partial last line is not complete yet)
+            code = parse_exit(value)
+            if code is not None:
+                codes[int(g)] = code
+        return codes
+
+    def record_exit(self, g: int, value: int | str) -> None:
+        """Records an exit code for replica ``g`` unless its wrapper already did (one
+        ``write`` of one line in append mode, as the wrappers write theirs)."""
+        if g in self.exits():
+            return
+        try:
+            fd = os.open(
+                self.file(self.EXITS), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+        except FileNotFoundError:  # the app was removed meanwhile
+            return
+        try:
+            os.write(fd, f"{g} {value}\n".encode())
+        except OSError as e:  # (a full disk): the replica then shows no exit code
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "could not record exit code %s of replica %d in %s: %s", value, g, self.path, e
+            )
+        finally:
+            os.close(fd)
+
+    # -- markers and the final state ------------------------------------------------------
+
+    def mark(self, name: str, text: str) -> bool:
+        """Creates marker ``name``; False if it was there (only the first marker counts)."""
+        return _create_exclusive(self.file(name), text)
+
+    def read(self, name: str) -> str | None:
+        return _read_text(self.file(name))
+
+    def age(self, name: str) -> float:
+        """Seconds since marker ``name`` was made (0 if there is none)."""
+        try:
+            return time.time() - os.stat(self.file(name)).st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    def mtime(self, name: str) -> float | None:
+        try:
+            return os.stat(self.file(name)).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def read_final(self) -> FinalState | None:
+        text = _read_text(self.file(self.DONE))
+        return None if not text else FinalState.from_json(text)
+
+    def write_final(self, final: FinalState) -> None:
+        _write_atomic(self.file(self.DONE), final.to_json())
+
+    # -- the log collector's lock -----------------------------------------------------------
+
+    def lock_collector(self) -> int | None:
+        """Takes the collector lock; its fd, or None if another collector holds it."""
+        try:
+            fd = os.open(self.file(self.LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def collector_alive(self) -> bool:
+        """True if a collector holds the lock now."""
+        fd = self.lock_collector()
+        if fd is None:
+            return os.path.exists(self.file(self.LOCK))
+        os.close(fd)
+        return False
+
+
+def parse_exit(text: str) -> ExitCode:
+    """A recorded exit code: None (not complete), :data:`LOST`, or a code. The wrapper records
+    ``$?`` of ``/bin/sh``: ``128+N`` means "killed by signal N" and is reported as ``-N``; a
+    negative value is already a signal (written by whoever reaped the wrapper)."""
+    s = text.strip()
+    if not s:
+        return None
+    if s == LOST:
+        return LOST
+    try:
+        code = int(s)
+    except ValueError:
+        return LOST
+    return -(code - 128) if 128 < code <= 128 + 64 else code
+
+
+class KeyClaims:
+    """Idempotency keys claimed by local apps: one file per key under ``<apps root>/.keys``,
+    created exclusively before anything of the app starts, naming the app and its submitter.
+
+    A claim is *valid* once its app's record exists; a claim whose app has no record and whose
+    submitter is gone (killed mid-submit) is *stale*: the next submitter with that key takes it
+    over. A claim whose submitter is still submitting is waited for.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.dir = os.path.join(root, ".keys")
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.dir, hashlib.sha256(key.encode()).hexdigest()[:40])
+
+    def claim(self, key: str, app_id: str, submitter: str, timeout: float = 30.0) -> str | None:
+        """Claims ``key`` for ``app_id`` (``submitter``: this process's identity, see
+        :func:`processes.identity`). None if this call claimed it, else the id of the app that
+        holds it."""
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        path = self._path(key)
+        deadline = time.monotonic() + timeout
+        while True:
+            if _create_exclusive(path, f"{app_id} {submitter}\n"):
+                return None
+            text = _read_text(path)
+            if text is None:
+                continue  # removed in between: try again
+            holder, _, who = text.strip().partition(" ")
+            if AppDir(self.root, holder).has_record():
+                return holder
+            if not _submitter_alive(who):
+                self._drop_stale(path, text)
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"idempotency key {key!r}: app {holder} is still being submitted"
+                )
+            time.sleep(0.005)
+
+    def _drop_stale(self, path: str, text: str) -> None:
+        with self._lock():
+            if _read_text(path) == text:  # (nobody took it over meanwhile)
+                os.unlink(path)
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        fd = os.open(os.path.join(self.dir, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def holder(self, key: str) -> str | None:
+        """The app holding ``key`` (only a valid claim counts)."""
+        text = _read_text(self._path(key))
+        if not text:
+            return None
+        holder = text.split(" ", 1)[0].strip()
+        return holder if AppDir(self.root, holder).has_record() else None
+
+    def release(self, key: str, app_id: str) -> None:
+        """Drops the claim of ``key`` if ``app_id`` holds it."""
+        path = self._path(key)
+        text = _read_text(path)
+        if text is not None and text.split(" ", 1)[0] == app_id:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _submitter_alive(who: str) -> bool:
+    from core.schedulers.local.processes import Identity
+
+    ident = Identity.parse(who)
+    return ident is None or ident.alive()  # (unreadable: assume alive, never steal)
+
+
+# --------------------------------------------------------------------------------------------
+# files
+# --------------------------------------------------------------------------------------------
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+
+
+def _create_exclusive(path: str, data: str) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data.encode())
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)  # (never leave half a file where readers take it for whole)
+        raise
+    os.close(fd)
+    return True
+
+
+def _write_atomic(path: str, data: str) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -1,0 +1,799 @@
+"""The local scheduler: runs each replica of each role as a process on this host (see the
+package docs for which module does what)."""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from core.schedulers.api import (
+    IDEMPOTENCY_KEY,
+    DescribeAppResponse,
+    ListAppResponse,
+    Scheduler,
+    Stream,
+    check_stream,
+)
+from core.schedulers.local.appdir import (
+    AppDir,
+    KeyClaims,
+    UnsafeStateError,
+    apps_root,
+    check_private,
+    ensure_apps_root,
+)
+from core.schedulers.local.background import BACKGROUND, start_collector
+from core.schedulers.local.collector import collect
+from core.schedulers.local.images import ImageProvider, LocalOpts, PopenRequest, ReplicaParam
+from core.schedulers.local.logs import LogIterator
+from core.schedulers.local.processes import DEFAULT_GRACE, MARKER_ENV, Identity, terminate
+from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
+from core.schedulers.local.signals import HANDLERS
+from core.schedulers.local.spawn import (
+    Gate,
+    ReplicaLaunch,
+    check_command_size,
+    environ_size,
+    spawn,
+)
+from core.schedulers.local.supervise import (
+    describe_code,
+    identities,
+    observe,
+    running_state,
+    settle,
+)
+from core.specs import (
+    NONE,
+    AppDef,
+    AppDryRunInfo,
+    AppState,
+    CfgVal,
+    ReplicaStatus,
+    Resource,
+    Role,
+    RoleStatus,
+    is_terminal,
+    macros,
+    runopts,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_GRACE", "RANK0_ENV", "LocalScheduler", "state_dir"]
+
+#: the environment variable holding the host of replica 0 (value of the ``rank0_env`` macro)
+RANK0_ENV = "SHIPYARD_RANK0_HOST"
+HOSTNAME = "localhost"
+_APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SWEEP_EVERY = 3600.0  # seconds between looks for apps past their retention
+
+
+def state_dir() -> str:
+    """The directory holding the local apps' state directories."""
+    return apps_root()
+
+
+def _retention() -> float:
+    try:
+        return float(os.environ.get("SHIPYARD_LOCAL_RETENTION_DAYS", "7")) * 86400
+    except ValueError:
+        return 7 * 86400.0
+
+
+class LocalScheduler(Scheduler[PopenRequest]):
+    """Schedules apps as processes on this host.
+
+    Args:
+        session_name: the session apps are submitted under
+        image_provider_class: makes the :class:`ImageProvider` from the cfg
+        cache_size: how many finished apps launched by this instance are kept (in the state
+            directory); beyond that the oldest finished ones are removed. Apps of other
+            processes are left to them; any app finished longer than
+            ``$SHIPYARD_LOCAL_RETENTION_DAYS`` (default 7) days ago is removed by any instance.
+        extra_paths: directories prepended to the replicas' ``PATH``
+        backend: the registered scheduler name (``local_cwd`` or ``local_dir``)
+        grace: seconds between SIGTERM and SIGKILL when terminating replicas
+
+    Created in the main thread, it installs SIGTERM/SIGINT handlers that terminate the apps
+    this process launched (see :mod:`.signals`).
+    """
+
+    def __init__(
+        self,
+        session_name: str,
+        image_provider_class: Callable[[LocalOpts], ImageProvider],
+        cache_size: int = 100,
+        extra_paths: list[str] | None = None,
+        backend: str = "local_cwd",
+        grace: float = DEFAULT_GRACE,
+    ) -> None:
+        super().__init__(backend, session_name)
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size <= 0:
+            raise ValueError(f"cache_size: expected a positive integer, got {cache_size!r}")
+        if extra_paths is not None and (
+            not isinstance(extra_paths, list) or not all(isinstance(p, str) for p in extra_paths)
+        ):
+            raise ValueError(f"extra_paths: expected a list of directories, got {extra_paths!r}")
+        self._image_provider_class = image_provider_class
+        self._cache_size = cache_size
+        self._extra_paths = list(extra_paths or [])
+        self._grace = float(grace)
+        # re-entrant: the signal handler runs in the main thread, maybe while it holds the lock
+        self._lock = threading.RLock()
+        self._records: OrderedDict[str, AppRecord] = OrderedDict()  # (records never change)
+        self._launched: OrderedDict[str, AppDir] = OrderedDict()  # by this instance
+        self._inflight: dict[str, list[Identity]] = {}  # submits in progress
+        self._cancelling: dict[str, threading.RLock] = {}
+        self._last_sweep = 0.0
+        self._pid = os.getpid()
+        self._closed = False
+        self._null = -1
+        self._which: dict[tuple[str, str, str], str] = {}  # see _resolve_entrypoint
+        HANDLERS.register(self)
+
+    # -- options ------------------------------------------------------------------------------
+
+    def _run_opts(self) -> runopts:
+        opts = runopts()
+        opts.add("log_dir", type_=str, help="dir to write stdout/stderr log files of replicas")
+        opts.add(
+            "prepend_cwd",
+            type_=bool,
+            default=False,
+            help="if set, prepends CWD to replica's PATH env var making any binaries in CWD"
+            " take precedence over those in PATH",
+        )
+        opts.add(
+            "auto_set_cuda_visible_devices",
+            type_=bool,
+            default=False,
+            help="sets the `CUDA_AVAILABLE_DEVICES` for roles that request GPU resources. Each"
+            " role replica will be assigned one GPU. Does nothing if the device count is less"
+            " than replicas.",
+        )
+        return opts
+
+    # -- dry run ------------------------------------------------------------------------------
+
+    def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
+        log_dir = cfg.get("log_dir")
+        if log_dir is not None and (not isinstance(log_dir, str) or not log_dir.strip()):
+            raise ValueError(f"cfg.log_dir: expected a directory path, got {log_dir!r}")
+
+    def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[PopenRequest]:
+        app_id = f"{app.name}-{secrets.token_hex(5)}"
+        app_dir = os.path.join(apps_root(), app_id)
+        log_root = cfg.get("log_dir")
+        log_dir = (
+            os.path.join(os.path.abspath(os.path.expanduser(log_root)), app_id)
+            if isinstance(log_root, str)
+            else app_dir
+        )
+        provider = self._image_provider_class(cfg)
+        role_params: dict[str, list[ReplicaParam]] = {}
+        base_size = environ_size(os.environb)
+        g = 0
+        for i, role in enumerate(app.roles):
+            img_root = provider.fetch_role(role)
+            params = role_params[role.name] = []
+            for k in range(role.num_replicas):
+                param = self._replica_param(provider, img_root, role, app, app_id, log_dir, k, cfg)
+                param.args[0] = self._resolve_entrypoint(
+                    param.args[0], param.cwd or os.getcwd(), param.env.get("PATH", ""), i
+                )
+                param.env[MARKER_ENV] = f"{app_id}:{g}"
+                check_command_size(param.args, param.env, f"roles[{i}]", base_size)
+                params.append(param)
+                g += 1
+        if cfg.get("auto_set_cuda_visible_devices"):
+            self._set_cuda_visible_devices(role_params, app)
+        request = PopenRequest(
+            app_id=app_id,
+            log_dir=log_dir,
+            role_params=role_params,
+            role_log_dirs={name: [log_dir] * len(ps) for name, ps in role_params.items()},
+            app_name=app.name,
+            roles=list(app.roles),
+            metadata=dict(app.metadata),
+            backend=self.backend,
+            session_name=self.session_name,
+        )
+        return AppDryRunInfo(request, str)
+
+    def _replica_param(
+        self,
+        provider: ImageProvider,
+        img_root: str,
+        role: Role,
+        app: AppDef,
+        app_id: str,
+        log_dir: str,
+        k: int,
+        cfg: Mapping[str, CfgVal],
+    ) -> ReplicaParam:
+        replica = _replica_role(role, macros.Values(img_root, app_id, str(k), RANK0_ENV))
+        base = os.path.join(log_dir, f"{role.name}.{k}")
+        param = provider.get_replica_param(
+            img_root, replica, f"{base}.stdout.log", f"{base}.stderr.log", f"{base}.combined.log"
+        )
+        cwd = param.cwd or os.getcwd()
+        prefix = [*([cwd] if cfg.get("prepend_cwd") else []), *self._extra_paths]
+        if prefix:
+            path = param.env.get("PATH", os.environ.get("PATH", os.defpath))
+            param.env["PATH"] = os.pathsep.join([*prefix, *([path] if path else [])])
+        param.env.update(
+            {
+                "SHIPYARD_APP_ID": app_id,
+                "SHIPYARD_APP_NAME": app.name,
+                "SHIPYARD_ROLE_NAME": role.name,
+                "SHIPYARD_REPLICA_ID": str(k),
+                "SHIPYARD_NUM_REPLICAS": str(role.num_replicas),
+                RANK0_ENV: HOSTNAME,
+            }
+        )
+        return param
+
+    # -- schedule -----------------------------------------------------------------------------
+
+    def schedule(self, dryrun_info: AppDryRunInfo[PopenRequest]) -> str:
+        """Starts every replica and returns the app id (the processes run when it returns).
+
+        With an idempotency key, the key is claimed first (an exclusive file): if another
+        submission holds it, nothing starts and that submission's app id is returned.
+        """
+        request = dryrun_info.request
+        app_id = request.app_id
+        if not _APP_ID_RE.match(app_id):
+            raise ValueError(f"app_id: expected letters, digits, '_', '.', '-', got {app_id!r}")
+        root = ensure_apps_root()
+        key = request.metadata.get(IDEMPOTENCY_KEY)
+        if key:
+            winner = KeyClaims(root).claim(key, app_id, str(Identity.me()))
+            if winner is not None:
+                log.info("idempotency key %s is held by %s: not submitting again", key, winner)
+                return winner
+        app = AppDir(root, app_id)
+        try:
+            self._start(app, request, key)
+        except BaseException:
+            if key:
+                KeyClaims(root).release(key, app_id)
+            raise
+        return app_id
+
+    def _start(self, app: AppDir, request: PopenRequest, key: str | None) -> None:
+        try:
+            app.create()
+        except FileExistsError:
+            raise ValueError(f"app_id: {app.app_id} was already submitted") from None
+        except OSError as e:
+            raise ValueError(f"state directory: cannot create {app.path}: {e.strerror or e}") from e
+        launches = _launches(request)
+        started: list[Identity] = []
+        with self._lock:
+            self._inflight[app.app_id] = started
+        try:
+            _check_dirs(request, app)
+            record = self._spawn_all(app, request, launches, started, key)
+        except BaseException:
+            # a failure half-way (or a signal): nothing started may be left behind
+            terminate(app.app_id, dict(enumerate(started)), grace=self._grace)
+            app.remove()
+            raise
+        finally:
+            with self._lock:
+                self._inflight.pop(app.app_id, None)
+        with self._lock:
+            self._records[app.app_id] = record
+            self._launched[app.app_id] = app
+        BACKGROUND.submitted(app, [r.pid for r in record.replicas], self._grace, self._housekeeping)
+
+    def _spawn_all(
+        self,
+        app: AppDir,
+        request: PopenRequest,
+        launches: list[tuple[str, int, ReplicaLaunch]],
+        started: list[Identity],
+        key: str | None,
+    ) -> AppRecord:
+        """Spawns every replica at the start gate, records the app, then opens the gate."""
+        gate = Gate()
+        devnull = self._devnull()
+        replicas: list[ReplicaRecord] = []
+        try:
+            for role, k, launch in launches:
+                ident, spawned = spawn(app.path, launch, gate, devnull)
+                started.append(ident)
+                comb = launch.stdout[: -len(".stdout.log")] + ".combined.log"
+                replicas.append(ReplicaRecord(launch.index, role, k, ident.pid, ident.start_ticks,
+                                              spawned, launch.stdout, launch.stderr, comb))  # fmt: skip
+            record = AppRecord(
+                app_id=app.app_id,
+                name=request.app_name or app.app_id.rsplit("-", 1)[0],
+                backend=request.backend,
+                session=request.session_name,
+                submit_time=time.time(),
+                log_dir=request.log_dir,
+                roles=[_role_record(r) for r in request.roles]
+                or [RoleRecord(name, len(ps)) for name, ps in request.role_params.items()],
+                replicas=replicas,
+                key=key,
+                host=HOSTNAME,
+            )
+            try:
+                if not app.write_record(record):
+                    raise ValueError(f"app_id: {app.app_id} was already submitted")
+            except OSError as e:
+                raise ValueError(
+                    f"state directory: cannot write {app.path}: {e.strerror or e}"
+                ) from e
+        except BaseException:
+            for ident in started:  # still at the gate: none ran its command
+                ident.signal_group(signal.SIGKILL)
+            gate.close()
+            raise
+        gate.open(len(started))
+        return record
+
+    def _devnull(self) -> int:
+        """/dev/null, opened once: the replicas' stdin (and the wrappers' own output)."""
+        with self._lock:
+            if self._null < 0:
+                self._null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            return self._null
+
+    # -- state --------------------------------------------------------------------------------
+
+    def _load(self, app_id: str) -> tuple[AppDir, AppRecord] | None:
+        """The app's directory and record (None if there is no such app).
+
+        Raises:
+            UnsafeStateError: the state directory or the app's is not this user's alone.
+        """
+        if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
+            return None
+        root = apps_root()
+        app = AppDir(root, app_id)
+        try:
+            check_private(root, "state directory")
+            app.check_private()
+        except FileNotFoundError:
+            return None
+        with self._lock:
+            record = self._records.get(app_id)
+        if record is None:
+            record = app.read_record()
+            if record is None:
+                return None
+            with self._lock:
+                self._records[app_id] = record
+                while len(self._records) > self._cache_size * 2:
+                    self._records.popitem(last=False)
+        return app, record
+
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        """The app's state and every replica's status; None if there is no such app."""
+        found = self._load(app_id)
+        if found is None:
+            return None
+        app, record = found
+        obs = observe(app, record)
+        if obs is None:
+            return None
+        state = obs.done or self._settle(app, record, obs) or running_state(app, obs)
+        return _response(app_id, record, state)
+
+    def _settle(self, app: AppDir, record: AppRecord, obs: Any) -> FinalState | None:
+        """What must happen as replicas end (gang termination, SIGKILL after the grace, the
+        final state): :func:`supervise.settle`; for an app launched elsewhere whose collector
+        may be gone (its submitter was killed), its logs are collected here too."""
+        final = settle(app, record, obs, self._grace)
+        if final is not None:
+            with self._lock:
+                launched_here = app.app_id in self._launched
+            if not launched_here and AppDir.LOGS_DONE not in obs.names:
+                collect(app.path, self._grace, follow=False)
+        return final
+
+    def app_ended(self, app_id: str) -> bool:
+        """True if the app is terminal or gone (what a following log reader asks)."""
+        desc = self.describe(app_id)
+        return desc is None or is_terminal(desc.state)
+
+    def exists(self, app_id: str) -> bool:
+        """True if an app with this id is in the state directory."""
+        if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
+            return False
+        return AppDir(apps_root(), app_id).has_record()
+
+    def list(self) -> list[ListAppResponse]:
+        """The local apps of this backend in the state directory, newest first."""
+        root = apps_root()
+        try:
+            names = [n for n in os.listdir(root) if _APP_ID_RE.match(n)]
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            loaded = self._load(name)
+            if loaded is not None and loaded[1].backend == self.backend:
+                found.append((loaded[1].submit_time, name))
+        out = []
+        for _, app_id in sorted(found, reverse=True):
+            desc = self.describe(app_id)
+            if desc is not None:
+                out.append(ListAppResponse(app_id=app_id, state=desc.state))
+        return out
+
+    def find_by_idempotency_key(
+        self, key: str, cfg: Mapping[str, CfgVal] | None = None
+    ) -> str | None:
+        """The app submitted with ``key`` (by any process), or None."""
+        return KeyClaims(apps_root()).holder(key)
+
+    # -- logs ---------------------------------------------------------------------------------
+
+    def log_iter(
+        self,
+        app_id: str,
+        role_name: str,
+        k: int = 0,
+        regex: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        should_tail: bool = False,
+        streams: Stream | None = None,
+    ) -> Iterable[str]:
+        """Log lines of replica ``k`` of ``role_name`` (default stream: combined).
+
+        ``since``/``until`` select lines by the time the collector saw them (to within a few
+        tens of milliseconds). With ``should_tail`` the iterator follows the output until the
+        app is terminal and every line was read. A partial last line is held back until its
+        newline arrives or the replica ended (then it is returned without ``\\n``).
+
+        Raises:
+            ValueError: unknown app, role or replica, or an unsupported stream.
+        """
+        stream = check_stream(streams, list(Stream))
+        found = self._load(app_id)
+        if found is None:
+            raise ValueError(f"app_id: no local app {app_id!r} in {apps_root()}")
+        app, record = found
+        rep = record.replica(role_name, k)
+        if rep is None:
+            roles = [r.name for r in record.roles]
+            raise ValueError(
+                f"role/replica: app {app_id} has no replica {k} of role {role_name!r} (roles: {roles})"
+            )
+        path = {
+            Stream.STDOUT: rep.stdout,
+            Stream.STDERR: rep.stderr,
+            Stream.COMBINED: rep.combined,
+        }[stream]
+        return LogIterator(app_id, regex or "", path, self, should_tail=should_tail, since=since,
+                           until=until, stream=stream, replica=rep.index, app_dir=app.path)  # fmt: skip
+
+    def _resolve_entrypoint(self, entrypoint: str, cwd: str, path: str, i: int) -> str:
+        """An absolute path for a command found on PATH (so the wrapper never runs a shell
+        builtin of the same name); checks that the entrypoint exists.
+
+        PATH searches are remembered per (command, PATH, cwd) and checked again with one
+        ``access(2)``: a search on every submit (~50 us) makes the bench row "local submit 1
+        replica" miss its target (<= 1.5x raw Popen)."""
+        if os.sep in entrypoint:
+            full = entrypoint if os.path.isabs(entrypoint) else os.path.join(cwd, entrypoint)
+            if not os.path.isfile(full):
+                raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} does not exist")
+            if not os.access(full, os.X_OK):
+                raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} is not executable")
+            return entrypoint
+        key = (entrypoint, path, cwd)
+        known = self._which.get(key)
+        if known is not None and os.access(known, os.X_OK):
+            return known
+        found = shutil.which(entrypoint, path=path or os.environ.get("PATH", os.defpath))
+        if found is None:
+            raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} was not found on PATH")
+        if len(self._which) >= 256:
+            self._which.clear()
+        self._which[key] = found = os.path.abspath(found)
+        return found
+
+    def _get_gpu_device_count(self) -> int:
+        """Number of GPUs on this host (``nvidia-smi -L``), 0 if none can be found."""
+        return _gpu_count()
+
+    def _set_cuda_visible_devices(
+        self, role_params: dict[str, builtins.list[ReplicaParam]], app: AppDef
+    ) -> None:
+        """One GPU per replica of every role that asks for GPUs, if there are enough."""
+        gpu_roles = [r for r in app.roles if r.resource.gpu > 0]
+        needed = sum(r.num_replicas for r in gpu_roles)
+        if not needed:
+            return
+        count = self._get_gpu_device_count()
+        if count < needed:
+            log.warning(
+                "auto_set_cuda_visible_devices: %d replicas ask for GPUs but %d GPUs were found;"
+                " CUDA_VISIBLE_DEVICES is not set",
+                needed,
+                count,
+            )
+            return
+        device = 0
+        for role in gpu_roles:
+            for param in role_params[role.name]:
+                param.env["CUDA_VISIBLE_DEVICES"] = str(device)
+                device += 1
+
+    def start_collector(self, app_dir: str) -> None:
+        """Starts a log collector for an app whose collector is gone."""
+        proc = start_collector(app_dir, self._grace)
+        if proc is not None:
+            BACKGROUND.collectors[app_dir] = proc
+
+    # -- cancel -------------------------------------------------------------------------------
+
+    def _cancel_existing(self, app_id: str) -> None:
+        found = self._load(app_id)
+        if found is None:
+            return
+        app, record = found
+        with self._lock:
+            lock = self._cancelling.setdefault(app_id, threading.RLock())
+        with lock:
+            desc = self.describe(app_id)
+            if desc is None or is_terminal(desc.state):
+                return
+            app.mark(AppDir.CANCELLED, json.dumps(time.time()))  # (before the signals)
+            obs = observe(app, record)
+            if obs is not None and obs.running:
+                running = {g: identities(record)[g] for g in obs.running}
+                # a live collector looks for what left the groups when the wrappers end
+                killed = terminate(app_id, running, self._grace, scan=not app.collector_alive())
+                for g, sig in killed.items():
+                    app.record_exit(g, -sig)
+            self.describe(app_id)
+        with self._lock:
+            self._cancelling.pop(app_id, None)
+
+    def terminate_launched(self) -> None:
+        """Terminates every app this instance launched that still runs, and waits for their log
+        collectors (the SIGTERM/SIGINT handler calls this)."""
+        if os.getpid() != self._pid:
+            return  # a forked child: the apps belong to the parent
+        with self._lock:
+            launched = list(self._launched.items())
+            inflight = {a: list(s) for a, s in self._inflight.items()}
+        for app_id, started in inflight.items():
+            terminate(app_id, dict(enumerate(started)), grace=self._grace)
+        for app_id, app in launched:
+            try:
+                self.cancel(app_id)
+                self._finish_collector(app)
+            except Exception:
+                log.warning("could not terminate %s", app_id, exc_info=True)
+
+    def _finish_collector(self, app: AppDir, timeout: float = 2.0) -> None:
+        BACKGROUND.flush(timeout)
+        proc = BACKGROUND.collectors.get(app.path)
+        if proc is None:
+            collect(app.path, follow=False)
+            return
+        try:
+            proc.wait(timeout)
+        except Exception:
+            log.warning("the log collector of %s did not finish in %ss", app.path, timeout)
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def _housekeeping(self) -> bool:
+        """Removes the oldest finished apps this instance launched beyond ``cache_size`` (and,
+        hourly, any app finished longer than the retention period ago); True if some must wait."""
+        if self._closed:
+            return False
+        try:
+            now = time.time()
+            if now - self._last_sweep >= _SWEEP_EVERY:
+                self._last_sweep = now
+                _sweep(now - _retention())
+            return self._evict()
+        except Exception:
+            log.debug("local scheduler housekeeping failed", exc_info=True)
+            return False
+
+    def _evict(self) -> bool:
+        with self._lock:
+            own = list(self._launched.items())
+        if len(own) <= self._cache_size:
+            return False
+        finished = [
+            (t, a) for a in (app for _, app in own) if (t := a.mtime(AppDir.DONE)) is not None
+        ]
+        waiting = False
+        for _, app in sorted(finished)[: max(0, len(finished) - self._cache_size)]:
+            if not _remove(app):
+                waiting = True  # its collector is still writing
+                continue
+            with self._lock:
+                self._launched.pop(app.app_id, None)
+                self._records.pop(app.app_id, None)
+        return waiting
+
+    def close(self) -> None:
+        """Releases what this instance holds (caches, signal handlers). Apps keep running."""
+        if self._closed:
+            return
+        self._closed = True
+        HANDLERS.unregister(self)
+        with self._lock:
+            self._records.clear()
+            self._launched.clear()
+            if self._null >= 0:
+                os.close(self._null)
+                self._null = -1
+
+
+# -----------------------------------------------------------------------------------------------
+# helpers
+# -----------------------------------------------------------------------------------------------
+
+
+def _encode(env: Mapping[str, str]) -> dict[bytes, bytes]:
+    return {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+
+
+def _launches(request: PopenRequest) -> list[tuple[str, int, ReplicaLaunch]]:
+    """Every replica's launch (role, replica id, what to start), in index order."""
+    base = dict(os.environb)
+    here = os.getcwd()
+    out: list[tuple[str, int, ReplicaLaunch]] = []
+    for role, params in request.role_params.items():
+        for k, p in enumerate(params):
+            base_log = os.path.join(request.role_log_dirs[role][k], f"{role}.{k}")
+            cwd = p.cwd if p.cwd and p.cwd != here else ""
+            launch = ReplicaLaunch(
+                index=len(out),
+                args=list(p.args),
+                env={**base, **_encode(p.env)},
+                stdout=p.stdout or f"{base_log}.stdout.log",
+                stderr=p.stderr or f"{base_log}.stderr.log",
+                cwd=cwd,
+            )
+            out.append((role, k, launch))
+    return out
+
+
+def _check_dirs(request: PopenRequest, app: AppDir) -> None:
+    """Every working directory exists and every log directory is writable, before anything
+    starts (errors name the field)."""
+    checked = {app.path}
+    for i, (role, params) in enumerate(request.role_params.items()):
+        for p in params:
+            if p.cwd and not os.path.isdir(p.cwd):
+                raise ValueError(f"roles[{i}]: working directory {p.cwd!r} does not exist")
+        for d in request.role_log_dirs[role]:
+            if d not in checked:
+                _check_log_dir(d)
+                checked.add(d)
+
+
+def _check_log_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".shipyard-probe-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"cfg.log_dir: cannot write log files in {path}: {e.strerror or e}") from e
+
+
+def _replica_role(role: Role, values: macros.Values) -> Role:
+    """``values.apply(role)``, without its deep copy of the role when no arg or env value holds
+    a macro (most roles): with a deep copy per replica the bench row "local submit 1 replica"
+    misses its target (<= 1.5x raw Popen)."""
+    if any("$" in a for a in role.args) or any("$" in v for v in role.env.values()):
+        return values.apply(role)
+    replica = copy.copy(role)
+    replica.args = list(role.args)
+    replica.env = dict(role.env)
+    return replica
+
+
+def _gpu_count() -> int:
+    """Number of GPUs on this host (``nvidia-smi -L``), 0 if none can be found."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    import subprocess
+
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return (
+        sum(1 for line in out.stdout.splitlines() if line.strip().startswith("GPU"))
+        if out.returncode == 0
+        else 0
+    )
+
+
+def _role_record(role: Role) -> RoleRecord:
+    res = role.resource
+    return RoleRecord(role.name, role.num_replicas, role.image, role.entrypoint, list(role.args),
+                      dict(role.env), (res.cpu, res.gpu, res.memMB))  # fmt: skip
+
+
+def _response(app_id: str, record: AppRecord, st: FinalState) -> DescribeAppResponse:
+    statuses = {r.name: RoleStatus(r.name, []) for r in record.roles}
+    for rep in record.replicas:
+        code = st.codes[rep.index]
+        statuses.setdefault(rep.role, RoleStatus(rep.role, [])).replicas.append(
+            ReplicaStatus(
+                id=rep.replica_id,
+                state=AppState[st.states[rep.index]],
+                role=rep.role,
+                hostname=record.host,
+                exit_code=code if isinstance(code, int) else None,
+                structured_error_msg=NONE
+                if code in (None, 0)
+                else f"{rep.role}/{rep.replica_id} {describe_code(code)}",
+            )
+        )
+    roles = [
+        Role(name=r.name, image=r.image, entrypoint=r.entrypoint, args=list(r.args),
+             env=dict(r.env), num_replicas=r.num_replicas, resource=Resource(*r.resource))
+        for r in record.roles
+    ]  # fmt: skip
+    return DescribeAppResponse(
+        app_id=app_id,
+        state=AppState[st.state],
+        num_restarts=0,
+        msg=st.msg or NONE,
+        roles_statuses=list(statuses.values()),
+        roles=roles,
+    )
+
+
+def _remove(app: AppDir) -> bool:
+    """Removes a finished app's state (and its key claim); False if its collector still runs."""
+    if AppDir.LOGS_DONE not in (app.names() or set()) and app.collector_alive():
+        return False
+    record = app.read_record()
+    app.remove()
+    if record is not None and record.key:
+        KeyClaims(os.path.dirname(app.path)).release(record.key, app.app_id)
+    return True
+
+
+def _sweep(cutoff: float) -> None:
+    """Removes the apps of any process that finished before ``cutoff``."""
+    root = apps_root()
+    try:
+        names = [n for n in os.listdir(root) if _APP_ID_RE.match(n)]
+    except FileNotFoundError:
+        return
+    for name in names:
+        app = AppDir(root, name)
+        ended = app.mtime(AppDir.DONE) or app.mtime(AppDir.LOGS_DONE)
+        if ended is not None and ended < cutoff:
+            try:
+                app.check_private()
+            except (UnsafeStateError, OSError):
+                continue
+            _remove(app)

@@ -1,0 +1,183 @@
+"""What an app's state is (:func:`observe`, which only reads) and the one place that acts on it
+(:func:`settle`): gang termination when a replica failed, SIGKILL once a cancel's or a gang's
+grace period is over, and the final state once every replica ended. The scheduler's describe,
+its cancel and the log collector all go through here.
+
+Standard library only: the log collector process imports this module too.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from core.schedulers.local.appdir import AppDir
+from core.schedulers.local.processes import Identity, terminate
+from core.schedulers.local.records import LOST, AppRecord, ExitCode, FinalState
+
+__all__ = ["Observation", "final_state", "observe", "settle"]
+
+
+@dataclass
+class Observation:
+    """A look at an app: each replica's exit code (None while it runs) and the markers."""
+
+    codes: list[ExitCode] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    gang: bool = False
+    done: FinalState | None = None
+    names: set[str] = field(default_factory=set)
+
+    @property
+    def failed(self) -> list[int]:
+        return [g for g, c in enumerate(self.codes) if c is not None and c != 0]
+
+
+def identities(record: AppRecord) -> dict[int, Identity]:
+    """Every replica's wrapper, by replica index."""
+    return {r.index: Identity(r.pid, r.start_ticks) for r in record.replicas}
+
+
+def observe(
+    app: AppDir, record: AppRecord, alive: Callable[[list[int]], list[bool]] | None = None
+) -> Observation | None:
+    """Looks at the app's directory and processes (reads only); None if the app is gone.
+
+    A recorded exit code always wins: a replica with one has ended, whatever runs under its
+    pid now. ``alive(indices)`` tells which wrappers still run (default: /proc, exactly).
+    """
+    names = app.names()
+    if names is None:
+        return None
+    obs = Observation(names=names)
+    if AppDir.DONE in names:
+        obs.done = app.read_final()
+        if obs.done is not None:
+            return obs
+    obs.cancelled = AppDir.CANCELLED in names
+    obs.gang = AppDir.GANG in names
+    idents = identities(record)
+    recorded = app.exits()
+    unknown = [g for g in range(len(record.replicas)) if g not in recorded]
+    states = alive(unknown) if alive is not None else [idents[g].alive() for g in unknown]
+    running = {g for g, up in zip(unknown, states, strict=True) if up}
+    if len(running) < len(unknown):
+        recorded = app.exits()  # written since it was read?
+    for g in range(len(record.replicas)):
+        if g in running and g not in recorded:
+            obs.running.append(g)
+            obs.codes.append(None)
+        else:
+            obs.codes.append(recorded.get(g, LOST))
+    return obs
+
+
+def settle(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> FinalState | None:
+    """Acts on ``obs``, and returns the final state once every replica ended (written to the
+    app's directory by the first to see it).
+
+    * gang semantics: once a replica failed (and the app was not cancelled), the other replicas
+      are sent SIGTERM (the ``gang`` marker names the first failure; only one observer acts);
+    * after ``grace`` seconds of a cancel or a gang termination, survivors get SIGKILL.
+    """
+    if obs.done is not None:
+        return obs.done
+    if obs.running:
+        _enforce(app, record, obs, grace)
+        return None
+    final = final_state(app, record, obs)
+    app.write_final(final)
+    return final
+
+
+def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> None:
+    idents = identities(record)
+    if not obs.cancelled and not obs.gang and obs.failed:
+        g = obs.failed[0]
+        rep = record.replicas[g]
+        info = {"replica": g, "role": rep.role, "k": rep.replica_id, "time": time.time(),
+                "terminated": obs.running}  # fmt: skip
+        if app.mark(AppDir.GANG, json.dumps(info)):
+            for i in obs.running:
+                idents[i].signal_group(signal.SIGTERM)
+        return
+    for marker, active in ((AppDir.CANCELLED, obs.cancelled), (AppDir.GANG, obs.gang)):
+        if active and app.age(marker) > grace:
+            running = {g: idents[g] for g in obs.running}
+            killed = terminate(record.app_id, running, grace=0.0, scan=False)
+            for g, sig in killed.items():
+                app.record_exit(g, -sig)
+            return
+
+
+def _gang(app: AppDir, obs: Observation) -> tuple[int | None, set[int]]:
+    """The replica whose failure terminated the others, and those terminated for it."""
+    if not obs.gang:
+        return None, set()
+    try:
+        info = json.loads(app.read(AppDir.GANG) or "")
+        first, signalled = int(info["replica"]), {int(g) for g in info.get("terminated", [])}
+    except (ValueError, KeyError, TypeError):
+        return None, set()
+    # those that ended by a signal (ours); one that exited with a code of its own failed itself
+    return first, {g for g in signalled if g != first and _by_signal(obs.codes[g])}
+
+
+def _by_signal(code: ExitCode) -> bool:
+    return code == LOST or (isinstance(code, int) and code < 0)
+
+
+def replica_states(app: AppDir, obs: Observation) -> list[str]:
+    """Each replica's app state name."""
+    _, terminated = _gang(app, obs)
+    out = []
+    for g, code in enumerate(obs.codes):
+        if code is None:
+            out.append("RUNNING")
+        elif code == 0:
+            out.append("SUCCEEDED")
+        else:
+            out.append("CANCELLED" if obs.cancelled or g in terminated else "FAILED")
+    return out
+
+
+def describe_code(code: ExitCode) -> str:
+    if code == LOST:
+        return "ended without recording an exit code (its wrapper was killed)"
+    if isinstance(code, int) and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def final_state(app: AppDir, record: AppRecord, obs: Observation) -> FinalState:
+    """The final state of an app whose replicas all ended."""
+    states = replica_states(app, obs)
+    failed = obs.failed
+    if obs.cancelled:
+        return FinalState("CANCELLED", obs.codes, states, "cancelled", time.time())
+    if not failed:
+        return FinalState("SUCCEEDED", obs.codes, states, "", time.time())
+    first, terminated = _gang(app, obs)
+    if first is None or first not in failed:
+        first = failed[0]
+    rep = record.replicas[first]
+    msg = f"{rep.role}/{rep.replica_id} {describe_code(obs.codes[first])}"
+    own = [g for g in failed if g != first and g not in terminated]
+    if own:
+        msg += f"; {len(own)} other replica(s) failed too"
+    if terminated:
+        msg += f"; the other replicas were terminated ({len(terminated)})"
+    return FinalState("FAILED", obs.codes, states, msg, time.time())
+
+
+def running_state(app: AppDir, obs: Observation) -> FinalState:
+    """The state of an app some of whose replicas still run (not written anywhere)."""
+    return FinalState("RUNNING", obs.codes, replica_states(app, obs))
