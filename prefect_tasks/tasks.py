@@ -130,8 +130,8 @@ def _with_cluster(
 ) -> tuple[str, Mapping[str, CfgVal] | None]:
     """The scheduler and cfg of a submission to ``cluster_name`` (if any)."""
     if cluster_name is None:
-        return scheduler or "local_cwd", cfg
-    return scheduler or "slurm", {**(cfg or {}), "cluster": cluster_name}
+        return ("local_cwd" if scheduler is None else scheduler), cfg
+    return ("slurm" if scheduler is None else scheduler), {**(cfg or {}), "cluster": cluster_name}
 
 
 @task(name="shipyard-submit-job", cache_policy=NO_CACHE)
