@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Starts the real services the tests use: a Docker engine (+ loopback registry and test images)
 # and a three-node Slurm cluster with accounting, with an SSH login node and slurmrestd in front of
-# it. Idempotent.
+# it, and an Airflow deployment (PostgreSQL, scheduler, dag processor, triggerer, API server).
+# Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")"
 bash ./start_docker.sh
 bash ./start_slurm.sh
 bash ./start_slurm_remote.sh
+bash ./start_airflow.sh
