@@ -101,6 +101,7 @@ def run(ctx: Ctx) -> list[Row]:
     import docker
 
     from core.runner import get_runner
+    from core.schedulers.docker.submit import create_args
     from core.specs import AppState, BindMount
 
     client = docker.from_env()
@@ -129,7 +130,7 @@ def run(ctx: Ctx) -> list[Row]:
                 # the very same container requests shipyard makes, through the SDK directly
                 info = sched.submit_dryrun(app, cfg)
                 req = info.request
-                kwargs = [sched._create_kwargs(c) for c in req.containers]
+                kwargs = [create_args(api, c) for c in req.containers]
                 net = req.containers[0].kwargs.get("network")
                 t0 = time.perf_counter()
                 if net:
@@ -218,7 +219,7 @@ def run(ctx: Ctx) -> list[Row]:
             api.create_network(str(net), driver="bridge", labels={LABEL_APP_ID: req.app_id})
             cids = []
             for c in req.containers:
-                cids.append(api.create_container(**sched._create_kwargs(c))["Id"])
+                cids.append(api.create_container(**create_args(api, c))["Id"])
                 api.start(cids[-1])
             time.sleep(0.3)
 

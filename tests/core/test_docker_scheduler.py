@@ -629,7 +629,7 @@ def test_env_mounts_and_resources_reach_the_container(
     finally:
         del os.environ["SHIPYARD_TEST_COPIED"]
         if app_id:
-            sched.cancel(app_id)
+            sched.purge(app_id)  # (cancel keeps an ended app's containers, so the volume's use)
         docker_client.api.remove_volume(vol, force=True)
 
 

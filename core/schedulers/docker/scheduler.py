@@ -1,0 +1,345 @@
+"""The ``local_docker`` scheduler: wires the package's modules behind the scheduler API."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from core.schedulers.api import (
+    IDEMPOTENCY_KEY,
+    DescribeAppResponse,
+    ListAppResponse,
+    Scheduler,
+    Stream,
+    check_stream,
+    filter_regex,
+)
+from core.schedulers.docker import logs, request, retire, state, submit
+from core.schedulers.docker.model import (
+    BACKEND,
+    LABEL_APP_ID,
+    LABEL_DEADLINE,
+    LABEL_NETWORK,
+    LABEL_SESSION,
+    TOMBSTONE_PREFIX,
+    DockerJob,
+    claim_name,
+    container_name,
+    is_cancelling,
+)
+from core.specs import AppDef, AppDryRunInfo, AppState, CfgVal, is_terminal, runopts
+from core.workspace import DockerWorkspaceMixin
+
+log = logging.getLogger(__name__)
+
+_MAX_WORKERS = 16
+
+
+class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
+    """Runs apps on a Docker engine, one container per replica (``local_docker``).
+
+    Docker does not gang-schedule: if one replica fails, only that replica is restarted (up to
+    its role's ``max_retries``). ``describe`` gives the app's state and every replica's status
+    but not the complete original AppDef. Workspaces are overlaid on the role's image (see
+    :meth:`build_workspace_image`); with ``image_repo`` the patched image is pushed there.
+
+    Args:
+        session_name: the session apps are submitted under
+        docker_client: a ``docker.DockerClient`` to use (default: ``docker.from_env()``)
+    """
+
+    def __init__(self, session_name: str, docker_client: Any | None = None) -> None:
+        super().__init__(BACKEND, session_name)
+        self.__client = docker_client
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._janitor = retire.Janitor(lambda: self._api, self._executor)
+
+    # -- resources ---------------------------------------------------------------------------
+
+    @property
+    def _docker_client(self) -> Any:
+        """The docker SDK client (created on first use)."""
+        if self.__client is None:
+            with self._lock:
+                if self.__client is None:
+                    import docker
+
+                    self.__client = docker.from_env(max_pool_size=_MAX_WORKERS * 2)
+        return self.__client
+
+    @property
+    def _api(self) -> Any:
+        return self._docker_client.api
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_MAX_WORKERS, thread_name_prefix="shipyard-docker")
+            return self._pool
+
+    def close(self) -> None:
+        """Closes the thread pool and the docker client. Never raises."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+        client, self.__client = self.__client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                log.debug("closing the docker client failed", exc_info=True)
+
+    # -- submitting --------------------------------------------------------------------------
+
+    def _run_opts(self) -> runopts:
+        return request.run_opts()
+
+    def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
+        request.validate(app, cfg)
+
+    def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[DockerJob]:
+        images_to_push = self.dryrun_push_images(app, cfg)
+        info = AppDryRunInfo(request.build_job(app, cfg, self.session_name), str)
+        info._images_to_push = images_to_push
+        return info
+
+    def schedule(self, dryrun_info: AppDryRunInfo[DockerJob]) -> str:
+        """Creates the app's network and containers and starts them; returns the app id.
+
+        With an idempotency key the key is claimed first (see :func:`submit.claim`); if another
+        submission holds it, nothing is created and that submission's app id is returned. The
+        images must be present on the engine (they are never pulled). If anything fails, every
+        container and the network created so far are removed before the error is raised.
+        """
+        job, app = dryrun_info.request, dryrun_info.app
+        api, pool = self._api, self._executor()
+        self.push_images(dryrun_info._images_to_push)
+        submit.check_images(api, pool, job, app)
+        deadline = submit.submit_deadline(job)
+        for c in job.containers:
+            c.kwargs["labels"][LABEL_DEADLINE] = repr(deadline)  # type: ignore[index]
+        key = app.metadata.get(IDEMPOTENCY_KEY) if app is not None else None
+        if key:
+            winner = submit.claim(api, str(key), job, self.session_name, deadline)
+            if winner is not None:
+                log.info("idempotency key %s is held by %s: not submitting again", key, winner)
+                return winner
+        try:
+            self._start(job, deadline)
+        except BaseException:
+            if key:
+                submit.release(api, str(key))
+            raise
+        log.info("submitted %s: %d container(s)", job.app_id, len(job.containers))
+        self._janitor.poke()
+        return job.app_id
+
+    def _start(self, job: DockerJob, deadline: float) -> None:
+        try:
+            submit.start_job(self._api, self._executor(), job, self.session_name, deadline)
+        except submit.SubmitError as e:
+            if not submit.is_pool_exhausted(e):
+                raise
+            log.info("the engine is out of address pools: retiring ended apps, then retrying")
+            self._janitor.sweep()
+            submit.start_job(self._api, self._executor(), job, self.session_name, deadline)
+
+    # -- describing --------------------------------------------------------------------------
+
+    def describe(self, app_id: str) -> DescribeAppResponse | None:
+        """The app's state and the status of every replica, from one containers list call;
+        ``None`` if the engine has no trace of the app. Roles are partial (name, image,
+        num_replicas, max_retries)."""
+        api = self._api
+        flt = f"{LABEL_APP_ID}={app_id}"
+        containers = state.list_containers(api, flt)
+        resp = state.resolve(
+            app_id, containers, lambda: state.list_records(api, flt), self._restarts, time.time()
+        )
+        self._sweep_if_ended(resp, containers)
+        return resp
+
+    def describe_many(self, app_ids: Iterable[str]) -> dict[str, DescribeAppResponse | None]:
+        """Describes several apps from one containers list call (plus one volume list call if
+        some of them have no containers left or are being cancelled)."""
+        app_ids = list(app_ids)
+        if len(app_ids) == 1:
+            return {app_ids[0]: self.describe(app_ids[0])}
+        api, now = self._api, time.time()
+        grouped = state.by_app(state.list_containers(api, LABEL_APP_ID))
+        records: list[state.Records] = []
+
+        def all_records() -> state.Records:
+            if not records:
+                records.append(state.list_records(api, LABEL_APP_ID))
+            return records[0]
+
+        out = {}
+        for app_id in app_ids:
+            containers = grouped.get(app_id, [])
+            out[app_id] = state.resolve(app_id, containers, all_records, self._restarts, now)
+            self._sweep_if_ended(out[app_id], containers)
+        return out
+
+    def _restarts(self, containers: state.Containers) -> dict[str, int]:
+        return state.restart_counts(self._api, self._executor(), containers)
+
+    def _sweep_if_ended(
+        self, resp: DescribeAppResponse | None, containers: state.Containers
+    ) -> None:
+        """Asks for a sweep when an ended app still holds a network (or was half-submitted)."""
+        if resp is None or not containers or not is_terminal(resp.state):
+            return
+        if (containers[0].get("Labels") or {}).get(LABEL_NETWORK) or resp.msg.startswith(
+            "submit interrupted"
+        ):
+            self._janitor.poke()
+
+    def list(self) -> list[ListAppResponse]:
+        """The apps of this session (running, ended, or cancelled) with their states."""
+        api, flt = self._api, f"{LABEL_SESSION}={self.session_name}"
+        records = self._executor().submit(state.list_records, api, flt)
+        grouped = state.by_app(state.list_containers(api, flt))
+        found = records.result()
+        now = time.time()
+        app_ids = sorted(set(grouped) | set(found.tombstones) | set(found.claims))
+        return [
+            ListAppResponse(app_id=a, state=state.list_state(a, grouped.get(a, []), found, now))
+            for a in app_ids
+        ]
+
+    def find_by_idempotency_key(
+        self, key: str, cfg: Mapping[str, CfgVal] | None = None
+    ) -> str | None:
+        """The app (of any session) submitted with ``key``: the holder of the key's claim."""
+        from docker.errors import NotFound
+
+        try:
+            labels = self._api.inspect_volume(claim_name(key)).get("Labels") or {}
+        except NotFound:
+            return None
+        return labels.get(LABEL_APP_ID)
+
+    # -- cancelling --------------------------------------------------------------------------
+
+    def cancel(self, app_id: str) -> None:
+        """Stops every replica (in parallel; SIGKILL after the app's ``stop_timeout``), removes
+        the containers and the app's network, and records CANCELLED in a tombstone volume.
+        An app that has already ended keeps its containers, logs and final state (only its
+        network goes). Idempotent; unknown apps are ignored."""
+        api = self._api
+        containers = state.list_containers(api, f"{LABEL_APP_ID}={app_id}")
+        if containers:
+            resp, _ = state.summarize(app_id, containers, self._restarts(containers), time.time())
+            cancelling = any(is_cancelling(c) for c in containers)
+            if cancelling or not is_terminal(resp.state):
+                retire.write_tombstone(api, app_id, containers, resp, AppState.CANCELLED)
+                submit.stop_and_remove(api, containers)
+        retire.remove_app_networks(api, app_id)
+
+    def _cancel_existing(self, app_id: str) -> None:
+        self.cancel(app_id)
+
+    def purge(self, app_id: str) -> None:
+        """Removes every trace of the app: containers, network, tombstone and key claim."""
+        api = self._api
+        containers = state.list_containers(api, f"{LABEL_APP_ID}={app_id}")
+        if containers:
+            submit.stop_and_remove(api, containers)
+        retire.remove_app_networks(api, app_id)
+        submit.remove_records(api, app_id)
+
+    # -- logs --------------------------------------------------------------------------------
+
+    def log_iter(
+        self,
+        app_id: str,
+        role_name: str,
+        k: int = 0,
+        regex: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        should_tail: bool = False,
+        streams: Stream | None = None,
+    ) -> Iterable[str]:
+        """Log lines of replica ``k`` of ``role_name``, from the engine's log of its container
+        (or from the app's archive once retention removed it).
+
+        ``since``/``until`` are applied to the lines' Docker timestamps; ``streams`` picks
+        stdout, stderr or both (combined, the default); ``should_tail`` follows the replica
+        until it has ended for good (across restarts); every line arrives whole.
+
+        Raises:
+            ValueError: if the replica has no container and no archive (it never existed, or
+                the app was cancelled while running and its containers removed).
+        """
+        from docker.errors import NotFound
+
+        stream = check_stream(streams, list(Stream))
+        lo, hi = logs.timestamp(since, "since"), logs.timestamp(until, "until")
+        name = container_name(app_id, role_name, k)
+        api = self._api
+        try:
+            if should_tail:
+                api.inspect_container(name)  # fail here, not at the first next()
+                return filter_regex(regex, logs.follow(api, name, stream, lo, hi))
+            lines: Iterable[str] = logs.read_all(api, name, stream, lo, hi)
+        except NotFound:
+            lines = self._archived(app_id, role_name, k, stream, lo, hi)
+        return list(filter_regex(regex, lines)) if regex else lines
+
+    def _archived(
+        self, app_id: str, role: str, k: int, stream: Stream, lo: float | None, hi: float | None
+    ) -> builtins.list[str]:
+        from docker.errors import NotFound
+
+        api = self._api
+        try:
+            tomb = api.inspect_volume(TOMBSTONE_PREFIX + app_id).get("Labels") or {}
+        except NotFound:
+            raise ValueError(
+                f"app {app_id}: no replica {role}/{k} (no container {app_id}-...)"
+            ) from None
+        found = state.from_tombstone(app_id, tomb)
+        images = [r.image for r in found.roles if r.name == role and r.image]
+        lines = (
+            retire.read_archive(api, app_id, images[0], role, k, stream, lo, hi) if images else None
+        )
+        if lines is None:
+            raise ValueError(
+                f"app {app_id}: logs of {role}/{k} are gone: the app was cancelled and its"
+                " containers removed"
+            )
+        return lines
+
+
+def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:
+    """Creates a :class:`DockerScheduler` (``local_docker``) for ``session_name``.
+
+    Keyword arguments: ``docker_client`` (a ``docker.DockerClient``); others are ignored.
+    """
+    return DockerScheduler(session_name, docker_client=kwargs.get("docker_client"))
+
+
+def has_docker() -> bool:
+    """True if the docker SDK is installed and a Docker engine answers."""
+    try:
+        import docker
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=5)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,287 @@
+"""Putting an app on the engine and taking it off: the idempotency-key claim, creating and
+starting the containers (all or nothing), cancelling, and purging every trace of an app.
+
+Everything goes through the public low-level client (``docker.APIClient``): containers are
+created with ``create_container`` and a ``create_host_config``, which is one engine call per
+container (``containers.create`` of the high-level client adds an inspect to each).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from core.schedulers.docker.model import (
+    BACKEND,
+    CANCELLED_SUFFIX,
+    DEFAULT_STOP_TIMEOUT,
+    LABEL_APP_ID,
+    LABEL_CLAIM,
+    LABEL_DEADLINE,
+    LABEL_SESSION,
+    LABEL_STOP_TIMEOUT,
+    LABEL_SUBMITTED,
+    LABEL_VERSION,
+    SUBMIT_GRACE,
+    DockerContainer,
+    DockerJob,
+    claim_name,
+    is_cancelling,
+)
+
+log = logging.getLogger(__name__)
+
+#: keyword arguments of ``containers.create`` that go into the host config
+_HOST_CONFIG_KEYS = (
+    "nano_cpus",
+    "mem_limit",
+    "device_requests",
+    "mounts",
+    "devices",
+    "restart_policy",
+)
+#: ... and those that go to ``create_container`` itself
+_CREATE_KEYS = ("name", "hostname", "environment", "labels", "stop_timeout")
+#: an extra second of grace per container of a submission, on top of SUBMIT_GRACE
+_GRACE_PER_CONTAINER = 1.0
+
+
+class SubmitError(RuntimeError):
+    """The engine refused part of a submission; everything it had created was removed."""
+
+
+def create_args(api: Any, container: DockerContainer) -> dict[str, Any]:
+    """The ``APIClient.create_container`` arguments of a :class:`DockerContainer` (whose kwargs
+    are those of the high-level ``containers.create``)."""
+    kw = container.kwargs
+    unknown = (
+        set(kw) - set(_HOST_CONFIG_KEYS) - set(_CREATE_KEYS) - {"network", "networking_config"}
+    )
+    if unknown:
+        raise ValueError(f"{BACKEND}: unsupported container options {sorted(unknown)}")
+    host = {k: kw[k] for k in _HOST_CONFIG_KEYS if k in kw}
+    args: dict[str, Any] = {k: kw[k] for k in _CREATE_KEYS if k in kw}
+    network = kw.get("network")
+    if network:
+        host["network_mode"] = network
+        endpoints = kw.get("networking_config") or {}
+        assert isinstance(endpoints, dict)
+        args["networking_config"] = api.create_networking_config(
+            {
+                str(net): api.create_endpoint_config(aliases=cfg.get("Aliases"))
+                for net, cfg in endpoints.items()
+            }
+        )
+    args["host_config"] = api.create_host_config(**host)
+    return {"image": container.image, "command": list(container.command), **args}
+
+
+def submit_deadline(job: DockerJob) -> float:
+    """When a submission of ``job`` that has not started every container counts as interrupted."""
+    return time.time() + SUBMIT_GRACE + _GRACE_PER_CONTAINER * len(job.containers)
+
+
+# -- idempotency-key claims ---------------------------------------------------------------------
+
+
+def claim(api: Any, key: str, job: DockerJob, session: str, deadline: float) -> str | None:
+    """Claims ``key`` for ``job``: None if this call claimed it, else the id of the app that holds
+    it. The claim is a volume named after the key: the engine creates a volume of a given name
+    once, atomically, and gives every later creator the first one's labels."""
+    labels = {
+        LABEL_VERSION: "1",
+        LABEL_CLAIM: "1",
+        LABEL_SESSION: session,
+        LABEL_APP_ID: job.app_id,
+        LABEL_SUBMITTED: repr(time.time()),
+        LABEL_DEADLINE: repr(deadline),
+    }
+    got = api.create_volume(name=claim_name(key), driver="local", labels=labels)
+    holder = (got.get("Labels") or {}).get(LABEL_APP_ID)
+    return None if holder == job.app_id else str(holder)
+
+
+def release(api: Any, key: str) -> None:
+    """Drops the claim of ``key`` (its submission failed and left nothing behind)."""
+    from docker.errors import NotFound
+
+    try:
+        api.remove_volume(claim_name(key), force=True)
+    except NotFound:
+        pass
+
+
+# -- creating and starting ----------------------------------------------------------------------
+
+
+def start_job(
+    api: Any, pool: ThreadPoolExecutor, job: DockerJob, session: str, deadline: float
+) -> None:
+    """Creates the app's network and every container, then starts them: all or nothing.
+
+    A container is started only once every container of the app exists, so a submitter that
+    dies halfway leaves containers that never ran (see ``state``: such an app is reported
+    FAILED after its deadline). On an error everything created so far is removed.
+    """
+    created: list[str] = []
+    try:
+        if job.network:
+            api.create_network(
+                job.network,
+                driver="bridge",
+                labels={LABEL_VERSION: "1", LABEL_SESSION: session, LABEL_APP_ID: job.app_id},
+            )
+        for cid in _parallel(
+            pool, lambda c: api.create_container(**create_args(api, c))["Id"], job.containers
+        ):
+            created.append(cid)
+        if time.time() > deadline:
+            raise SubmitError(f"creating {len(created)} containers took past the submit deadline")
+        _parallel(pool, api.start, created)
+    except BaseException as e:
+        _remove_partial(api, job, created)
+        raise _submit_error(job, e) from e
+
+
+def _parallel(
+    pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any]
+) -> list[Any]:
+    """``fn`` over ``items`` on the pool (in this thread for one item); the results in order.
+    Every call is waited for before the first error is raised."""
+    items = list(items)
+    if len(items) == 1:
+        return [fn(items[0])]
+    futures = [pool.submit(fn, item) for item in items]
+    errors = [f.exception() for f in futures]
+    for err in errors:
+        if err is not None:
+            raise err
+    return [f.result() for f in futures]
+
+
+def _remove_partial(api: Any, job: DockerJob, created: list[str]) -> None:
+    """Removes what a failed submission created (its containers, by name too: a create may have
+    succeeded in the engine after its call failed here), and its network."""
+    from docker.errors import NotFound
+
+    for ref in created + [str(c.kwargs["name"]) for c in job.containers]:
+        try:
+            api.remove_container(ref, force=True)
+        except NotFound:
+            pass
+        except Exception:
+            log.warning("could not remove container %s", ref, exc_info=True)
+    if job.network:
+        remove_network(api, job.network)
+
+
+def _submit_error(job: DockerJob, e: BaseException) -> BaseException:
+    from docker.errors import APIError
+
+    if not isinstance(e, APIError | SubmitError):
+        return e
+    why = str(e.explanation or e) if isinstance(e, APIError) else str(e)
+    if "docker0" in why:
+        why += (
+            " (the engine's default bridge docker0 is gone - a dockerd started with"
+            " --bridge=none on this host removes it; restart dockerd, e.g. scripts/start_docker.sh)"
+        )
+    return SubmitError(f"{BACKEND}: submitting {job.app_id} failed (nothing left behind): {why}")
+
+
+def is_pool_exhausted(e: BaseException) -> bool:
+    """Whether a submission failed because the engine has no address pool left for a network."""
+    return "non-overlapping" in str(e) and "address pool" in str(e)
+
+
+def remove_network(api: Any, name_or_id: str) -> None:
+    """Removes a network; one that is already gone is fine."""
+    from docker.errors import NotFound
+
+    try:
+        api.remove_network(name_or_id)
+    except NotFound:
+        pass
+
+
+# -- taking apps off the engine -----------------------------------------------------------------
+
+
+def stop_and_remove(api: Any, containers: list[dict[str, Any]]) -> None:
+    """Renames each container as cancelled (so a concurrent describe reads its exit as a
+    cancellation), stops it (SIGTERM, SIGKILL after its ``stop_timeout``) and removes it. One
+    thread per container: every replica gets its grace period at the same time."""
+    if len(containers) == 1:
+        _stop_and_remove_one(api, containers[0])
+        return
+    with ThreadPoolExecutor(
+        max_workers=min(len(containers), 64), thread_name_prefix="shipyard-docker-stop"
+    ) as pool:
+        _parallel(pool, lambda c: _stop_and_remove_one(api, c), containers)
+
+
+def _stop_and_remove_one(api: Any, c: Mapping[str, Any]) -> None:
+    from docker.errors import APIError, NotFound
+
+    labels = c.get("Labels") or {}
+    try:
+        timeout = int(labels.get(LABEL_STOP_TIMEOUT, DEFAULT_STOP_TIMEOUT))
+    except ValueError:
+        timeout = DEFAULT_STOP_TIMEOUT
+    try:
+        if not is_cancelling(dict(c)):
+            name = ((c.get("Names") or [""])[0]).lstrip("/") or c["Id"][:12]
+            api.rename(c["Id"], name + CANCELLED_SUFFIX)
+        if c.get("State") in ("running", "restarting", "paused"):
+            api.stop(c["Id"], timeout=timeout)
+        api.remove_container(c["Id"], force=True)
+    except NotFound:
+        pass
+    except APIError as e:
+        if e.status_code != 409:  # 409: removal already in progress
+            raise
+
+
+def remove_records(api: Any, app_id: str) -> None:
+    """Removes the app's record volumes (its tombstone and its key's claim)."""
+    from docker.errors import NotFound
+
+    for vol in api.volumes(filters={"label": f"{LABEL_APP_ID}={app_id}"}).get("Volumes") or []:
+        try:
+            api.remove_volume(vol["Name"], force=True)
+        except NotFound:
+            pass
+
+
+# -- images -------------------------------------------------------------------------------------
+
+
+def check_images(api: Any, pool: ThreadPoolExecutor, job: DockerJob, app: Any) -> None:
+    """Fails with a ValueError naming the role if an image is not on the engine (it never pulls)."""
+    from docker.errors import APIError, ImageNotFound
+
+    def check(image: str) -> None:
+        try:
+            api.inspect_image(image)
+        except ImageNotFound:
+            raise ValueError(
+                f"{_image_field(image, app)}: image {image!r} is not present on the Docker"
+                " engine; build or load it first (local_docker never pulls images)"
+            ) from None
+        except APIError as e:
+            raise ValueError(
+                f"{_image_field(image, app)}: the Docker engine rejects image {image!r}:"
+                f" {e.explanation or e}"
+            ) from None
+
+    _parallel(pool, check, dict.fromkeys(c.image for c in job.containers))
+
+
+def _image_field(image: str, app: Any) -> str:
+    for i, role in enumerate(app.roles if app is not None else []):
+        if role.image == image:
+            return f"roles[{i}].image"
+    return "image"
