@@ -36,6 +36,7 @@ from airflow_provider._common import (
 )
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.triggers import ShipyardJobTrigger
+from core.follow import LogCursor, lines_after
 from core.runner import AppFailedError, LogLine, Runner
 from core.schedulers import get_default_scheduler_name
 from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
@@ -342,9 +343,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         if event.get("status") == "error":
             raise AirflowException(event.get("message") or f"waiting for {handle} failed")
         with self._runner() as runner:
-            if not event.get("log_lines"):
-                # the trigger could not stream (or was restarted): put the logs in the task log now
-                self._log_all_lines(runner, handle)
+            # the lines the trigger did not log (all of them if it could not stream)
+            self._log_lines_after(runner, handle, _event_cursor(event))
             return self._finish(runner, context, handle, runner.status(handle))
 
     def resume_execution(
@@ -488,6 +488,14 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         except Exception as e:
             self.log.warning("cannot read the logs of %s: %s", handle, e)
 
+    def _log_lines_after(self, runner: Runner, handle: AppHandle, cursor: LogCursor) -> None:
+        """Logs every replica's lines after ``cursor`` (what is not in the task log yet)."""
+        try:
+            for _, line in lines_after(runner, handle, cursor):
+                self.log.info("%s", line)
+        except Exception as e:
+            self.log.warning("cannot read the logs of %s: %s", handle, e)
+
     def _push(self, context: Context, handle: AppHandle, status: AppStatus | None) -> None:
         ti = context["ti"]
         ti.xcom_push(key="app_id", value=parse_app_handle(handle).app_id)
@@ -503,3 +511,11 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             raise ShipyardJobFailedError(e) from e
         self.log.info("%s SUCCEEDED", handle)
         return handle
+
+
+def _event_cursor(event: Mapping[str, Any]) -> LogCursor:
+    """The lines a trigger event says are in the task log already."""
+    try:
+        return LogCursor(event.get("log_cursor") or {})
+    except ValueError:
+        return LogCursor()

@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.triggers import ShipyardJobTrigger
+from core.follow import LogCursor, lines_after
 from core.specs import AppState, parse_app_handle
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ class ShipyardJobSensor(BaseSensorOperator):
             reschedule) applies
         shipyard_conn_id: the Airflow connection of the app's backend, when it is a Slurm
             cluster reached through one (templated)
+        stream_logs: put the app's log lines (``role/replica line``) in the task log, each
+            once: deferrable, the trigger logs them as they come and the task adds the rest
+            when it resumes; otherwise they are logged once the wait is over
 
     Returns (and pushes as XCom) the name of the state reached.
     """
@@ -55,6 +59,7 @@ class ShipyardJobSensor(BaseSensorOperator):
         failure_states: Iterable[str | AppState] = ("FAILED", "CANCELLED"),
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         shipyard_conn_id: str | None = None,
+        stream_logs: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5.0)
@@ -67,6 +72,7 @@ class ShipyardJobSensor(BaseSensorOperator):
             raise ValueError(f"failure_states: {sorted(overlap)} cannot also be target_states")
         self.deferrable = deferrable
         self.shipyard_conn_id = shipyard_conn_id
+        self.stream_logs = stream_logs
 
     @staticmethod
     def _states_or_template(states: Iterable[Any] | str, field: str) -> list[str]:
@@ -95,6 +101,8 @@ class ShipyardJobSensor(BaseSensorOperator):
         state = status.state.name
         self.log.info("%s is %s", handle, state)
         if state in targets:
+            if self.stream_logs:
+                self._log_lines(handle, LogCursor())
             return PokeReturnValue(is_done=True, xcom_value=state)
         if state in failures or state in TERMINAL_STATES:
             codes = ", ".join(
@@ -123,6 +131,7 @@ class ShipyardJobSensor(BaseSensorOperator):
                 target_states=targets,
                 failure_states=failures,
                 shipyard_conn_id=self.shipyard_conn_id,
+                stream_logs=self.stream_logs,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
@@ -131,6 +140,12 @@ class ShipyardJobSensor(BaseSensorOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> str:
         """Resumes after the trigger fired: succeeds on a target state, fails otherwise."""
         state = str(event.get("state"))
+        if self.stream_logs and event.get("app_handle"):
+            try:
+                cursor = LogCursor(event.get("log_cursor") or {})
+            except ValueError:
+                cursor = LogCursor()
+            self._log_lines(str(event["app_handle"]), cursor)
         if event.get("status") == "success":
             self.log.info("%s is %s", event.get("app_handle"), state)
             return state
@@ -139,6 +154,15 @@ class ShipyardJobSensor(BaseSensorOperator):
         raise AirflowFailException(
             f"app {event.get('app_handle')} is {state}, not one of {self.target_states}"
         )
+
+    def _log_lines(self, handle: str, cursor: LogCursor) -> None:
+        """Logs the app's lines after ``cursor`` (those not in the task log yet)."""
+        try:
+            with make_runner() as runner:
+                for _, line in lines_after(runner, handle, cursor):
+                    self.log.info("%s", line)
+        except Exception as e:
+            self.log.warning("cannot read the logs of %s: %s", handle, e)
 
 
 def _split(states: list[str]) -> list[str]:

@@ -1,5 +1,12 @@
 """ShipyardJobTrigger: waits for a Shipyard app in the triggerer, off the worker.
 
+With ``stream_logs`` the trigger logs the app's lines from its own coroutine, so the triggerer
+routes them to the deferred task's log. Where it starts and stops is a
+:class:`core.follow.LogCursor` (lines already in the task log, per replica): the operator hands
+one over in the trigger's kwargs, the trigger checkpoints it in the task instance's XCom
+``shipyard_log_cursor`` as it goes (a restarted triggerer resumes from there instead of logging
+the job again) and returns it in its event, so the resumed task adds exactly the lines after it.
+
 Every trigger of one triggerer process (one event loop) shares a :class:`_StatusPoller`: the
 triggers wake on the same clock ticks and their handles are described together with
 :meth:`core.runner.Runner.status_many`, one backend call per scheduler per tick however many
@@ -10,24 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, BaseXCom
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
 from airflow_provider.hooks.shipyard import connection_settings
 from core.clusters import register_cluster
+from core.follow import END, LogCursor, LogFollower, lines_after
 from core.runner import LogLine, Runner
 from core.specs import AppHandle, AppStatus, parse_app_handle
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ShipyardJobTrigger"]
+__all__ = ["LOG_CURSOR_XCOM_KEY", "ShipyardJobTrigger"]
+
+#: the XCom (of the deferred task instance) where the trigger checkpoints its log cursor
+LOG_CURSOR_XCOM_KEY = "shipyard_log_cursor"
 
 # how long the trigger waits for the last log lines after the app ended
 _LOG_DRAIN_TIMEOUT = 30.0
@@ -106,9 +116,13 @@ class ShipyardJobTrigger(BaseTrigger):
             triggerer routes them to the deferred task's log
         shipyard_conn_id: the Airflow connection of the app's backend (its Slurm cluster is
             read from the connection in the triggerer; only the id is serialized)
+        log_cursor: lines already in the task log (``{"role/k": count}``); only the lines
+            after it are logged
 
     The event payload: ``status`` (``success``, ``failure`` or ``error``), ``app_handle``,
-    ``state`` (the app state name), ``message`` and ``log_lines`` (how many were logged).
+    ``state`` (the app state name), ``message``, ``log_cursor`` (the lines in the task log once
+    the trigger stopped: the task adds the lines after it) and ``log_lines`` (how many lines
+    the task log then holds).
     """
 
     def __init__(
@@ -119,6 +133,7 @@ class ShipyardJobTrigger(BaseTrigger):
         failure_states: Sequence[str] | None = None,
         stream_logs: bool = False,
         shipyard_conn_id: str | None = None,
+        log_cursor: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__()
         parse_app_handle(app_handle)  # raises on a malformed handle
@@ -133,6 +148,7 @@ class ShipyardJobTrigger(BaseTrigger):
         )
         self.stream_logs = bool(stream_logs)
         self.shipyard_conn_id = shipyard_conn_id
+        self.log_cursor = LogCursor(log_cursor).to_dict()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -144,6 +160,7 @@ class ShipyardJobTrigger(BaseTrigger):
                 "failure_states": list(self.failure_states),
                 "stream_logs": self.stream_logs,
                 "shipyard_conn_id": self.shipyard_conn_id,
+                "log_cursor": dict(self.log_cursor),
             },
         )
 
@@ -157,10 +174,19 @@ class ShipyardJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         await self._use_connection()
         poller = _StatusPoller.for_running_loop()
-        follower = _LogFollower(self.app_handle, self.log) if self.stream_logs else None
+        stream: _LogStream | None = None
+        if self.stream_logs:
+            checkpoint = _Checkpoint.of(self)
+            cursor = LogCursor(self.log_cursor)
+            if checkpoint is not None:
+                cursor = cursor.merged(await checkpoint.load())
+            stream = _LogStream(self.app_handle, self.log, cursor, checkpoint)
+            if cursor.total:
+                self.log.info(
+                    "resuming the logs of %s after %d lines", self.app_handle, cursor.total
+                )
+            stream.start()
         try:
-            if follower is not None:
-                follower.start()
             errors = 0
             while True:
                 try:
@@ -170,7 +196,7 @@ class ShipyardJobTrigger(BaseTrigger):
                     errors += 1
                     if errors >= _MAX_STATUS_ERRORS:
                         yield self._event(
-                            "error", "UNKNOWN", f"cannot describe {self.app_handle}: {e}"
+                            "error", "UNKNOWN", f"cannot describe {self.app_handle}: {e}", stream
                         )
                         return
                     self.log.warning(
@@ -180,11 +206,14 @@ class ShipyardJobTrigger(BaseTrigger):
                         _MAX_STATUS_ERRORS,
                         e,
                     )
-                    await asyncio.sleep(self.poll_interval)
+                    await self._wait(stream, self.poll_interval)
                     continue
                 if status is None:
                     yield self._event(
-                        "error", "UNKNOWN", f"app {self.app_handle} is unknown to its scheduler"
+                        "error",
+                        "UNKNOWN",
+                        f"app {self.app_handle} is unknown to its scheduler",
+                        stream,
                     )
                     return
                 state = status.state.name
@@ -193,27 +222,37 @@ class ShipyardJobTrigger(BaseTrigger):
                 elif state in self.failure_states or state in TERMINAL_STATES:
                     kind = "failure"
                 else:
-                    await asyncio.sleep(_until_next_tick(self.poll_interval))
+                    await self._wait(stream, _until_next_tick(self.poll_interval))
                     continue
-                if follower is not None and state in TERMINAL_STATES:
-                    await follower.drain(_LOG_DRAIN_TIMEOUT)
-                    await follower.catch_up()
-                yield self._event(kind, state, f"app {self.app_handle} is {state}", follower)
+                if stream is not None and state in TERMINAL_STATES:
+                    await stream.finish(_LOG_DRAIN_TIMEOUT)
+                yield self._event(kind, state, f"app {self.app_handle} is {state}", stream)
                 return
         finally:
-            if follower is not None:
-                follower.stop()
+            if stream is not None:
+                stream.stop()
+                await stream.checkpoint()
+
+    @staticmethod
+    async def _wait(stream: _LogStream | None, seconds: float) -> None:
+        """Sleeps ``seconds``, logging the app's lines as they come."""
+        if stream is None:
+            await asyncio.sleep(seconds)
+        else:
+            await stream.pump(seconds)
 
     def _event(
-        self, kind: str, state: str, message: str, follower: _LogFollower | None = None
+        self, kind: str, state: str, message: str, stream: _LogStream | None = None
     ) -> TriggerEvent:
+        cursor = stream.cursor if stream is not None else LogCursor(self.log_cursor)
         return TriggerEvent(
             {
                 "status": kind,
                 "app_handle": self.app_handle,
                 "state": state,
                 "message": message,
-                "log_lines": follower.count if follower else 0,
+                "log_cursor": cursor.to_dict(),
+                "log_lines": cursor.total,
             }
         )
 
@@ -237,77 +276,148 @@ def _until_next_tick(interval: float) -> float:
     return interval - (time.monotonic() % interval)
 
 
-class _LogFollower:
-    """Follows an app's logs in a daemon thread and logs each line on the event loop."""
+class _Checkpoint:
+    """The trigger's log cursor, kept in its task instance's XCom ``shipyard_log_cursor``.
 
-    def __init__(self, handle: AppHandle, logger: Any) -> None:
+    Only a trigger that runs for a task instance (in a triggerer) has one. Saving is best
+    effort: a failure is logged once and checkpointing stops (the event still carries the
+    cursor; a restarted triggerer would then log again what was logged since the last save).
+    """
+
+    def __init__(self, ti: Any, handle: AppHandle) -> None:
+        self._where = {
+            "dag_id": ti.dag_id,
+            "task_id": ti.task_id,
+            "run_id": ti.run_id,
+            "map_index": ti.map_index if ti.map_index is not None else -1,
+        }
+        self._handle = handle
+        self._saved: LogCursor | None = None
+        self._broken = False
+
+    @classmethod
+    def of(cls, trigger: ShipyardJobTrigger) -> _Checkpoint | None:
+        ti = getattr(trigger, "task_instance", None)
+        if ti is None or not all(getattr(ti, a, None) for a in ("dag_id", "task_id", "run_id")):
+            return None
+        return cls(ti, trigger.app_handle)
+
+    async def load(self) -> LogCursor:
+        """The cursor an earlier run of this trigger saved (empty if none)."""
+        try:
+            value = await BaseXCom.aget_one(key=LOG_CURSOR_XCOM_KEY, **self._where)
+        except Exception as e:
+            log.debug("no log cursor checkpoint for %s: %s", self._handle, e)
+            return LogCursor()
+        if not isinstance(value, Mapping) or value.get("app_handle") != self._handle:
+            return LogCursor()
+        try:
+            self._saved = LogCursor(value.get("cursor") or {})
+        except ValueError:
+            return LogCursor()
+        return self._saved
+
+    async def save(self, cursor: LogCursor, logger: Any) -> None:
+        """Saves ``cursor`` unless it is what was saved last."""
+        if self._broken or cursor == self._saved:
+            return
+        value = {"app_handle": self._handle, "cursor": cursor.to_dict()}
+        try:
+            await BaseXCom.aset(LOG_CURSOR_XCOM_KEY, value, **self._where)
+        except Exception as e:
+            self._broken = True
+            logger.warning("cannot checkpoint the log cursor of %s: %s", self._handle, e)
+            return
+        self._saved = cursor.merged(None)
+
+
+class _LogStream:
+    """Logs an app's lines from the trigger's coroutine (so they reach the task's log).
+
+    A :class:`~core.follow.LogFollower` thread reads the logs and hands the lines to the event
+    loop; :meth:`pump` logs them in the trigger's own task (its logging context names the task
+    instance) and checkpoints the cursor after each batch.
+    """
+
+    def __init__(
+        self,
+        handle: AppHandle,
+        logger: Any,
+        cursor: LogCursor,
+        checkpoint: _Checkpoint | None,
+    ) -> None:
         self._handle = handle
         self._log = logger
-        self._stop = threading.Event()
-        self._done = asyncio.Event()
+        self.cursor = cursor
+        self._checkpoint = checkpoint
         self._loop = asyncio.get_running_loop()
-        self._per_replica: dict[tuple[str, int], int] = {}
-        self.count = 0
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._follower = LogFollower(handle, self._hand_over, cursor, make_runner)
+        self.ended = False
+
+    def _hand_over(self, item: Any) -> None:  # in the follower's thread
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self._follower.stop()
 
     def start(self) -> None:
-        # A plain daemon thread, not the loop's executor: asyncio.run() joins executor threads at
-        # shutdown and a log tail must never hold the loop open.
-        threading.Thread(target=self._follow, daemon=True, name=f"logs-{self._handle}").start()
-
-    def _emit(self, line: LogLine) -> None:
-        key = (line.role, line.replica)
-        self._per_replica[key] = self._per_replica.get(key, 0) + 1
-        self.count += 1
-        self._log.info("%s", line)
-
-    def _finish(self) -> None:
-        self._done.set()
-
-    def _follow(self) -> None:
-        runner = make_runner()
-        try:
-            for line in runner.stream_logs(self._handle, should_tail=True):
-                if self._stop.is_set():
-                    break
-                self._call(self._emit, line)
-        except Exception as e:
-            self._call(self._log.warning, f"cannot follow logs of {self._handle}: {e}")
-        finally:
-            runner.close()
-            self._call(self._finish)
-
-    def _call(self, fn: Any, *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self._stop.set()
-
-    async def drain(self, timeout: float) -> None:
-        """Waits (at most ``timeout`` seconds) until every line was logged."""
-        try:
-            await asyncio.wait_for(self._done.wait(), timeout)
-        except TimeoutError:
-            self._log.warning("logs of %s still streaming after %ss", self._handle, timeout)
-
-    async def catch_up(self) -> None:
-        """Logs the lines the follower missed (e.g. a replica whose log appeared late)."""
-        self.stop()
-        await asyncio.sleep(0)  # run the emits the follower thread already scheduled
-        missed = await asyncio.to_thread(self._missed, dict(self._per_replica))
-        for line in missed:
-            self._emit(line)
-
-    def _missed(self, seen: dict[tuple[str, int], int]) -> list[LogLine]:
-        out: list[LogLine] = []
-        with make_runner() as runner:
-            try:
-                for role, k in runner.replicas(self._handle):
-                    for i, text in enumerate(runner.log_lines(self._handle, role, k)):
-                        if i >= seen.get((role, k), 0):
-                            out.append(LogLine(role, k, text))
-            except Exception as e:
-                self._log.warning("cannot read the logs of %s: %s", self._handle, e)
-        return out
+        self._follower.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._follower.stop()
+
+    def _emit(self, index: int, line: LogLine) -> None:
+        if self.cursor.accept(index, line):
+            self._log.info("%s", line)
+
+    async def pump(self, seconds: float, sleep_rest: bool = True) -> None:
+        """Logs the lines that come within ``seconds``; once the logs ended, sleeps the rest
+        of the time (``sleep_rest``) or returns at once."""
+        deadline = self._loop.time() + seconds
+        while not self.ended:
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return
+            try:
+                item = await asyncio.wait_for(self._queue.get(), remaining)
+            except TimeoutError:
+                return
+            while True:  # the whole batch at hand, then one checkpoint
+                if item is END:
+                    self.ended = True
+                    break
+                self._emit(*item)
+                try:
+                    item = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+            await self.checkpoint()
+        if self.ended and sleep_rest:
+            await asyncio.sleep(max(0.0, deadline - self._loop.time()))
+
+    async def finish(self, timeout: float) -> None:
+        """After the app ended: logs the last lines (at most ``timeout`` seconds of following),
+        then whatever the follower missed, from the complete logs."""
+        deadline = self._loop.time() + timeout
+        while not self.ended and self._loop.time() < deadline:
+            await self.pump(deadline - self._loop.time(), sleep_rest=False)
+        if not self.ended:
+            self._log.warning("logs of %s still streaming after %ss", self._handle, timeout)
+        self.stop()
+        try:
+            missed = await asyncio.to_thread(self._lines_after, self.cursor.merged(None))
+        except Exception as e:
+            self._log.warning("cannot read the logs of %s: %s", self._handle, e)
+            missed = []
+        for index, line in missed:
+            self._emit(index, line)
+        await self.checkpoint()
+
+    def _lines_after(self, cursor: LogCursor) -> list[tuple[int, LogLine]]:
+        with make_runner() as runner:
+            return lines_after(runner, self._handle, cursor)
+
+    async def checkpoint(self) -> None:
+        if self._checkpoint is not None:
+            await self._checkpoint.save(self.cursor, self._log)

@@ -3,7 +3,7 @@
 ``train`` submits a local two-replica job and defers to ``ShipyardJobTrigger``: the worker
 slot is freed while the job runs, the trigger streams the job's lines into the task log and the
 task resumes only to check the result. ``submit`` starts a second job without waiting, and
-``wait`` is a deferrable sensor on its handle.
+``wait`` is a deferrable sensor on its handle that also puts that job's lines in its log.
 
 Run it without a scheduler: ``python dags/shipyard_deferrable_job.py`` (after ``airflow db
 migrate``); ``dag.test()`` runs the triggers in-process.
@@ -64,6 +64,7 @@ with DAG(
         task_id="wait",
         app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
         deferrable=True,
+        stream_logs=True,  # the job's lines in this task's log too
         poke_interval=1.0,
         timeout=600,
     )

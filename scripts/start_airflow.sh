@@ -63,6 +63,14 @@ if [ "${1:-}" = "--stop" ]; then
             kill -TERM "$(cat "$RUN/$name.pid")"
         fi
     done
+    deadline=$((SECONDS + 60))
+    for name in "${PROCESSES[@]}"; do
+        while pid_alive "$name"; do
+            [ "$SECONDS" -lt "$deadline" ] || die "airflow $name (pid $(cat "$RUN/$name.pid")) does not stop"
+            sleep 0.2
+        done
+        rm -f "$RUN/$name.pid"
+    done
     exit 0
 fi
 
@@ -172,6 +180,8 @@ orphaned_tasks_check_interval = 30
 
 [triggerer]
 job_heartbeat_sec = 1
+# a triggerer that stopped without ending its job hands its triggers over after this long
+triggerer_health_check_threshold = 10
 
 [dag_processor]
 dag_bundle_config_list = $bundles

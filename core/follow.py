@@ -1,0 +1,171 @@
+"""Following an app's logs from any process, resuming where an earlier follower stopped.
+
+A :class:`LogCursor` counts, per replica (``role/k``), how many of its log lines were already
+delivered (e.g. written to an Airflow task log). It is a plain ``{"role/k": n}`` mapping, so it
+travels in a trigger's serialized kwargs, a trigger event or an XCom; a follower started with
+it delivers only the lines after it, each replica's lines in order. :func:`lines_after` gives
+the same from the complete logs of an app that ended, so a consumer that resumes elsewhere can
+add exactly what is missing.
+
+Nothing here imports Airflow or Prefect.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from core.runner import LogLine, Runner, get_runner
+from core.specs import AppHandle
+
+log = logging.getLogger(__name__)
+
+__all__ = ["END", "LogCursor", "LogFollower", "lines_after"]
+
+#: what a :class:`LogFollower` delivers after its last line
+END: Any = object()
+
+
+class LogCursor:
+    """Lines already delivered, per replica (``role/k`` -> count)."""
+
+    def __init__(self, counts: Mapping[str, int] | None = None) -> None:
+        self._counts: dict[str, int] = {}
+        for key, n in (counts or {}).items():
+            if not isinstance(key, str) or isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"log cursor: expected 'role/k': count, got {key!r}: {n!r}")
+            if n:
+                self._counts[key] = n
+
+    @staticmethod
+    def key(role: str, replica: int) -> str:
+        """``role/replica``, the key of one replica."""
+        return f"{role}/{replica}"
+
+    def get(self, role: str, replica: int) -> int:
+        """How many lines of the replica were delivered."""
+        return self._counts.get(self.key(role, replica), 0)
+
+    def accept(self, index: int, line: LogLine) -> bool:
+        """Whether line number ``index`` (0-based) of its replica is the next one to deliver;
+        if so the cursor moves past it. A line already delivered returns False."""
+        key = self.key(line.role, line.replica)
+        n = self._counts.get(key, 0)
+        if index < n:
+            return False
+        if index > n:
+            # lines in between were never seen (a follower that lost them): deliver this one
+            # anyway rather than hold everything after it back
+            log.warning("log cursor: %s jumped from line %d to %d", key, n, index)
+        self._counts[key] = index + 1
+        return True
+
+    def to_dict(self) -> dict[str, int]:
+        """The cursor as a JSON-able mapping (what ``LogCursor(mapping)`` takes back)."""
+        return dict(self._counts)
+
+    def merged(self, other: Mapping[str, int] | LogCursor | None) -> LogCursor:
+        """A cursor at the later position of both, replica by replica."""
+        theirs = other.to_dict() if isinstance(other, LogCursor) else dict(other or {})
+        out = dict(self._counts)
+        for key, n in theirs.items():
+            if isinstance(n, int) and not isinstance(n, bool) and n > out.get(key, 0):
+                out[key] = n
+        return LogCursor(out)
+
+    @property
+    def total(self) -> int:
+        """Lines delivered, all replicas together."""
+        return sum(self._counts.values())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LogCursor) and self._counts == other._counts
+
+    def __repr__(self) -> str:
+        return f"LogCursor({self._counts!r})"
+
+
+class LogFollower:
+    """Follows every replica's log of an app in a daemon thread, after ``start_at``.
+
+    Each line goes to ``sink`` as ``(index, LogLine)``, ``index`` being its 0-based number in
+    its replica's log; lines before ``start_at`` are not delivered. :data:`END` follows the
+    last line (the app ended and its logs were read, the follower was stopped, or following
+    failed). ``sink`` runs in the follower's thread: hand the items over to the consumer
+    (``queue.put``, ``loop.call_soon_threadsafe``).
+
+    Args:
+        handle: the app
+        sink: receives ``(index, LogLine)`` items, then :data:`END`
+        start_at: lines already delivered (not delivered again)
+        runner_factory: makes the runner the thread uses (one of its own)
+    """
+
+    def __init__(
+        self,
+        handle: AppHandle,
+        sink: Callable[[Any], None],
+        start_at: LogCursor | None = None,
+        runner_factory: Callable[[], Runner] = get_runner,
+    ) -> None:
+        self.handle = handle
+        self._sink = sink
+        self._start = start_at or LogCursor()
+        self._runner_factory = runner_factory
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: why following failed, if it did
+        self.error: Exception | None = None
+
+    def start(self) -> LogFollower:
+        """Starts the thread (a daemon: a log tail never keeps a process alive)."""
+        self._thread = threading.Thread(
+            target=self._follow, daemon=True, name=f"follow-{self.handle}"
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops delivering (the thread ends at its next line)."""
+        self._stop.set()
+
+    def _follow(self) -> None:
+        seen: dict[str, int] = {}
+        runner = self._runner_factory()
+        try:
+            for line in runner.stream_logs(self.handle, should_tail=True):
+                if self._stop.is_set():
+                    break
+                key = LogCursor.key(line.role, line.replica)
+                index = seen.get(key, 0)
+                seen[key] = index + 1
+                if index >= self._start.get(line.role, line.replica):
+                    self._sink((index, line))
+        except Exception as e:
+            self.error = e
+            log.warning("cannot follow the logs of %s: %s", self.handle, e)
+        finally:
+            runner.close()
+            try:
+                self._sink(END)
+            except Exception:  # the consumer is gone (e.g. its event loop closed)
+                pass
+
+
+def lines_after(runner: Runner, handle: AppHandle, cursor: LogCursor) -> list[tuple[int, LogLine]]:
+    """The lines of every replica's complete log after ``cursor``, as ``(index, LogLine)``.
+
+    For an app that ended: what a follower that stopped at ``cursor`` has not delivered.
+
+    Raises:
+        Exception: whatever the backend raises when the logs cannot be read.
+    """
+    out: list[tuple[int, LogLine]] = []
+    for role, k in runner.replicas(handle):
+        skip = cursor.get(role, k)
+        for i, text in enumerate(runner.log_lines(handle, role, k)):
+            if i >= skip:
+                out.append((i, LogLine(role, k, text)))
+    return out

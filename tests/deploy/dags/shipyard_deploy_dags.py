@@ -1,0 +1,139 @@
+"""DAGs the deployment tests (tests/deploy) trigger through the REST API.
+
+The job of each is a shell script given in the run's conf (``script``), so one DAG serves
+several tests; scripts that must wait for the test poll a ``gate`` file the test creates.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from airflow_provider.operators import ShipyardOperator
+from airflow_provider.sensors import ShipyardJobSensor
+
+START = datetime(2025, 1, 1)
+# the job: two replicas of one role running the run's script
+APP = {
+    "name": "{{ params.name }}",
+    "roles": [
+        {
+            "name": "job",
+            "entrypoint": "sh",
+            "args": ["-c", "{{ params.script }}"],
+            "num_replicas": 2,
+        }
+    ],
+}
+PARAMS = {"name": "deploy", "script": "echo hello from ${replica_id}"}
+
+with DAG(
+    dag_id="shipyard_deploy_deferrable",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params=PARAMS,
+    tags=["shipyard", "deploy-test"],
+):
+    ShipyardOperator(
+        task_id="job",
+        app=APP,
+        scheduler="local_cwd",
+        deferrable=True,
+        poll_interval=0.5,
+        execution_timeout=timedelta(minutes=10),
+    )
+
+with DAG(
+    dag_id="shipyard_deploy_blocking",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params=PARAMS,
+    tags=["shipyard", "deploy-test"],
+):
+    ShipyardOperator(
+        task_id="job",
+        app=APP,
+        scheduler="local_cwd",
+        poll_interval=0.5,
+        retries=1,
+        retry_delay=timedelta(seconds=1),
+        execution_timeout=timedelta(minutes=10),
+    )
+
+# A deferrable task and a plain one share a pool of one slot: the plain one can only run while
+# the deferrable one waits in the triggerer (a deferred task holds no slot).
+with DAG(
+    dag_id="shipyard_deploy_slot",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params=PARAMS,
+    tags=["shipyard", "deploy-test"],
+):
+    ShipyardOperator(
+        task_id="deferred",
+        app=APP,
+        scheduler="local_cwd",
+        deferrable=True,
+        poll_interval=0.5,
+        pool="shipyard_deploy_one_slot",
+        priority_weight=10,
+    )
+    ShipyardOperator(
+        task_id="other",
+        app={
+            "name": "other",
+            "roles": [{"name": "other", "entrypoint": "echo", "args": ["other ran"]}],
+        },
+        scheduler="local_cwd",
+        poll_interval=0.5,
+        pool="shipyard_deploy_one_slot",
+        priority_weight=1,
+    )
+
+# A sensor in reschedule mode: each poke is a short run of the task, between scheduler loops.
+with DAG(
+    dag_id="shipyard_deploy_reschedule",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params=PARAMS,
+    tags=["shipyard", "deploy-test"],
+):
+    submit = ShipyardOperator(
+        task_id="submit", app=APP, scheduler="local_cwd", wait_for_completion=False
+    )
+    wait = ShipyardJobSensor(
+        task_id="wait",
+        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
+        mode="reschedule",
+        poke_interval=1,
+        timeout=600,
+        stream_logs=True,
+    )
+    submit >> wait
+
+# The deferrable sensor streaming the job's lines.
+with DAG(
+    dag_id="shipyard_deploy_deferrable_sensor",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params=PARAMS,
+    tags=["shipyard", "deploy-test"],
+):
+    submit = ShipyardOperator(
+        task_id="submit", app=APP, scheduler="local_cwd", wait_for_completion=False
+    )
+    wait = ShipyardJobSensor(
+        task_id="wait",
+        app_handle="{{ ti.xcom_pull(task_ids='submit') }}",
+        deferrable=True,
+        poke_interval=0.5,
+        timeout=600,
+        stream_logs=True,
+    )
+    submit >> wait
