@@ -10,6 +10,7 @@ configurations: the default one (the engine stops running containers when it sto
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -46,7 +47,7 @@ def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condit
 class PrivateDockerd:
     """A dockerd of the test's own; ``stop()``/``start()`` restart it with the same state."""
 
-    def __init__(self, root: Path, live_restore: bool) -> None:
+    def __init__(self, root: Path, live_restore: bool, extra: tuple[str, ...] = ()) -> None:
         self.root = root
         self.sock = f"unix://{root}/d.sock"
         self.pidfile = root / "d.pid"
@@ -60,7 +61,7 @@ class PrivateDockerd:
             "--exec-root", str(root / "x"), "--pidfile", str(self.pidfile),
             "--iptables=false", "--ip-forward=false",
             "--containerd-namespace", ns, "--containerd-plugins-namespace", ns + "-p",
-        ] + (["--live-restore"] if live_restore else [])  # fmt: skip
+        ] + (["--live-restore"] if live_restore else []) + list(extra)  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _ping(self) -> bool:
@@ -82,11 +83,20 @@ class PrivateDockerd:
 
 @pytest.fixture(params=["default", "live-restore"])
 def engine(request: pytest.FixtureRequest, docker_client: Any) -> Iterator[PrivateDockerd]:
+    with private_dockerd(live_restore=request.param == "live-restore") as d:
+        yield d
+
+
+@contextlib.contextmanager
+def private_dockerd(
+    live_restore: bool = False, extra: tuple[str, ...] = ()
+) -> Iterator[PrivateDockerd]:
+    """A private engine with the test image loaded; everything it ran is removed afterwards."""
     if os.geteuid() != 0 or not shutil.which("dockerd"):
         pytest.skip("a private dockerd needs root and the dockerd binary")
     # short path: containerd's sockets live under the exec root (unix socket paths <= 108 bytes)
     root = Path(tempfile.mkdtemp(prefix="sy-dk-", dir="/tmp"))
-    d = PrivateDockerd(root, live_restore=request.param == "live-restore")
+    d = PrivateDockerd(root, live_restore=live_restore, extra=extra)
     d.start()
     try:
         save = subprocess.Popen(["docker", "save", IMAGE], stdout=subprocess.PIPE)

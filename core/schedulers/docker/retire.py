@@ -189,6 +189,7 @@ class Janitor:
         self._lock = threading.Lock()
         self._last = 0.0
         self._running = False
+        self._sweeping = threading.Lock()
 
     def poke(self) -> None:
         """Sweeps in the background unless a sweep ran in the last :data:`SWEEP_INTERVAL`."""
@@ -210,17 +211,21 @@ class Janitor:
                 self._running, self._last = False, time.monotonic()
 
     def sweep(self) -> None:
-        """One pass over every Shipyard container of the engine."""
-        api = self._api()
-        now = time.time()
-        networks = {n["Name"] for n in api.networks(filters={"label": LABEL_APP_ID})}
-        for app_id, containers in state.by_app(state.list_containers(api, LABEL_APP_ID)).items():
-            if any(is_cancelling(c) for c in containers):
-                continue  # a cancel is at work
-            try:
-                self._retire(api, app_id, containers, app_id in networks, now)
-            except Exception:
-                log.warning("could not retire Docker app %s", app_id, exc_info=True)
+        """One pass over every Shipyard container of the engine (one pass at a time)."""
+        with self._sweeping:
+            api = self._api()
+            now = time.time()
+            networks = {n["Name"] for n in api.networks(filters={"label": LABEL_APP_ID})}
+            retired = set(state.list_records(api, LABEL_TOMBSTONE).tombstones)
+            for app_id, containers in state.by_app(
+                state.list_containers(api, LABEL_APP_ID)
+            ).items():
+                if app_id in retired or any(is_cancelling(c) for c in containers):
+                    continue  # a cancel or another sweep is at work
+                try:
+                    self._retire(api, app_id, containers, app_id in networks, now)
+                except Exception:
+                    log.warning("could not retire Docker app %s", app_id, exc_info=True)
 
     def _retire(
         self, api: Any, app_id: str, containers: state.Containers, has_net: bool, now: float
@@ -231,7 +236,7 @@ class Janitor:
             return
         if resp.msg.startswith("submit interrupted"):
             write_tombstone(api, app_id, containers, resp, AppState.FAILED)
-            stop_and_remove(api, containers)
+            stop_and_remove(api, containers, cancel=False)
             remove_app_networks(api, app_id)
             log.info("removed %s: %s", app_id, resp.msg)
             return
@@ -245,7 +250,7 @@ class Janitor:
         if now - _ended_at(api, containers) >= retention:
             write_tombstone(api, app_id, containers, resp, resp.state)
             archive_logs(api, app_id, containers)
-            stop_and_remove(api, containers)
+            stop_and_remove(api, containers, cancel=False)
             log.info("retired %s: logs archived, containers removed", app_id)
 
 

@@ -244,6 +244,12 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
                 submit.stop_and_remove(api, containers)
         retire.remove_app_networks(api, app_id)
 
+    def sweep(self) -> None:
+        """Retires ended apps now, of every session (what submits do in the background): frees
+        their networks, and archives the logs and removes the containers of those past their
+        ``retention``; removes half-submitted apps past their deadline."""
+        self._janitor.sweep()
+
     def _cancel_existing(self, app_id: str) -> None:
         self.cancel(app_id)
 

@@ -137,11 +137,9 @@ def summarize(
     never_started = [_replica_name(c) for c in containers if c.get("State") == "created"]
     deadline = _float((containers[0].get("Labels") or {}).get(LABEL_DEADLINE), math.inf)
     state = _app_state([r.state for r in found.values()], missing)
-    if (
-        state in (AppState.PENDING, AppState.RUNNING)
-        and (never_started or missing)
-        and now > deadline
-    ):
+    # every container is created before any is started: one never started past the deadline
+    # means its submitter stopped halfway (a missing one alone means it was removed)
+    if state in (AppState.PENDING, AppState.RUNNING) and never_started and now > deadline:
         state = AppState.FAILED
         msgs.append(
             f"submit interrupted: {', '.join(never_started + missing)} never started (the"
@@ -240,7 +238,11 @@ def from_tombstone(app_id: str, labels: Labels) -> DescribeAppResponse:
         rid = int(r["id"])
         rs.replicas.append(
             ReplicaStatus(
-                rid, AppState[r["state"]], r["role"], hostname(r["role"], rid), r.get("exit_code")
+                rid,
+                AppState[r["state"]],
+                r["role"],
+                hostname(r["role"], rid),
+                exit_code=r.get("exit_code"),
             )
         )
     for rs in by_role.values():

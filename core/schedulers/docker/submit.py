@@ -210,20 +210,20 @@ def remove_network(api: Any, name_or_id: str) -> None:
 # -- taking apps off the engine -----------------------------------------------------------------
 
 
-def stop_and_remove(api: Any, containers: list[dict[str, Any]]) -> None:
-    """Renames each container as cancelled (so a concurrent describe reads its exit as a
-    cancellation), stops it (SIGTERM, SIGKILL after its ``stop_timeout``) and removes it. One
-    thread per container: every replica gets its grace period at the same time."""
+def stop_and_remove(api: Any, containers: list[dict[str, Any]], cancel: bool = True) -> None:
+    """Stops each container (SIGTERM, SIGKILL after its ``stop_timeout``) and removes it; with
+    ``cancel`` renames it first, so that a concurrent describe reads its exit as a cancellation.
+    One thread per container: every replica gets its grace period at the same time."""
     if len(containers) == 1:
-        _stop_and_remove_one(api, containers[0])
+        _stop_and_remove_one(api, containers[0], cancel)
         return
     with ThreadPoolExecutor(
         max_workers=min(len(containers), 64), thread_name_prefix="shipyard-docker-stop"
     ) as pool:
-        _parallel(pool, lambda c: _stop_and_remove_one(api, c), containers)
+        _parallel(pool, lambda c: _stop_and_remove_one(api, c, cancel), containers)
 
 
-def _stop_and_remove_one(api: Any, c: Mapping[str, Any]) -> None:
+def _stop_and_remove_one(api: Any, c: Mapping[str, Any], cancel: bool) -> None:
     from docker.errors import APIError, NotFound
 
     labels = c.get("Labels") or {}
@@ -232,9 +232,8 @@ def _stop_and_remove_one(api: Any, c: Mapping[str, Any]) -> None:
     except ValueError:
         timeout = DEFAULT_STOP_TIMEOUT
     try:
-        if not is_cancelling(dict(c)):
-            name = ((c.get("Names") or [""])[0]).lstrip("/") or c["Id"][:12]
-            api.rename(c["Id"], name + CANCELLED_SUFFIX)
+        if cancel and not is_cancelling(dict(c)):
+            _mark_cancelled(api, c)
         if c.get("State") in ("running", "restarting", "paused"):
             api.stop(c["Id"], timeout=timeout)
         api.remove_container(c["Id"], force=True)
@@ -242,6 +241,18 @@ def _stop_and_remove_one(api: Any, c: Mapping[str, Any]) -> None:
         pass
     except APIError as e:
         if e.status_code != 409:  # 409: removal already in progress
+            raise
+
+
+def _mark_cancelled(api: Any, c: Mapping[str, Any]) -> None:
+    """Renames the container ``{name}--cancelled`` (another canceller may have done it)."""
+    from docker.errors import APIError
+
+    name = ((c.get("Names") or [""])[0]).lstrip("/") or c["Id"][:12]
+    try:
+        api.rename(c["Id"], name + CANCELLED_SUFFIX)
+    except APIError as e:
+        if e.status_code not in (400, 409):  # renamed already (same name, or in use)
             raise
 
 
