@@ -224,7 +224,7 @@ for name in "${PROCESSES[@]}"; do
     log "starting airflow $name"
     # setsid: its own session, so a signal to the caller's process group does not reach it
     (cd "$AHOME/work" && exec "${run_env[@]}" setsid "$VENV/bin/airflow" "$name" \
-        >>"$LOGS/$name.out" 2>&1 </dev/null) &
+        >"$LOGS/$name.out" 2>&1 </dev/null) &
     echo $! >"$RUN/$name.pid"
 done
 

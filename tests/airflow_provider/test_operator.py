@@ -147,6 +147,26 @@ def test_deferrable_frees_the_worker_and_completes_in_the_trigger(runner: Any) -
     assert ti.xcoms["state"] == "SUCCEEDED"
 
 
+def test_execute_complete_adds_the_lines_after_the_event_cursor(
+    runner: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """What the trigger did not log (its event's cursor) the resumed task logs, once."""
+    ti = TaskInstanceStub()
+    handle = runner.run(sh("rest", 'for i in 1 2 3 4; do echo "step $i"; done'), "local_cwd")
+    runner.wait(handle, timeout=60)
+    op = ShipyardOperator(task_id="job", app=sh("rest", "true"), deferrable=True)
+    capfd.readouterr()
+    event = {"status": "success", "app_handle": handle, "state": "SUCCEEDED"}
+    assert op.execute_complete(context(ti), {**event, "log_cursor": {"rest/0": 3}}) == handle
+    out = capfd.readouterr().out
+    assert "rest/0 step 4" in out
+    assert not any(f"rest/0 step {i}" in out for i in (1, 2, 3))
+    # an event without a cursor (the trigger could not stream): every line
+    op.execute_complete(context(ti), event)
+    out = capfd.readouterr().out
+    assert all(f"rest/0 step {i}" in out for i in (1, 2, 3, 4))
+
+
 def test_retry_reattaches_when_the_worker_died_after_submitting(runner: Any) -> None:
     """Try 1 submitted and died before storing the handle; try 2 follows the same job."""
     ti1 = TaskInstanceStub()

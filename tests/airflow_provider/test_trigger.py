@@ -140,3 +140,38 @@ def test_status_errors_are_retried_then_reported(
     assert event["status"] == expected
     if expected == "error":
         assert "backend hiccup" in event["message"]
+
+
+def test_log_cursor_round_trips_and_is_checked() -> None:
+    trigger = ShipyardJobTrigger("local_cwd://s/a", stream_logs=True, log_cursor={"t/0": 3})
+    _, kwargs = trigger.serialize()
+    assert kwargs["log_cursor"] == {"t/0": 3}
+    with pytest.raises(ValueError, match="log cursor"):
+        ShipyardJobTrigger("local_cwd://s/a", log_cursor={"t/0": -1})
+
+
+def test_streaming_resumes_after_the_cursor(runner: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    """A trigger given a cursor (a restarted one, or one after lines the task logged) logs only
+    the lines after it, and its event says where the task log now ends."""
+    script = 'for i in 1 2 3 4 5; do echo "line $i of ${replica_id}"; done'
+    handle = runner.run(
+        AppDef("cur", [Role("r", entrypoint="sh", args=["-c", script], num_replicas=2)]),
+        "local_cwd",
+    )
+    trigger = ShipyardJobTrigger(
+        handle, poll_interval=0.2, stream_logs=True, log_cursor={"r/0": 3, "r/1": 1}
+    )
+    capfd.readouterr()
+    event = asyncio.run(first_event(trigger))
+    out = capfd.readouterr().out
+    logged = [
+        line[line.index("r/") :].split(" [")[0].strip()
+        for line in out.splitlines()
+        if "ShipyardJobTrigger" in line and " r/" in line
+    ]
+    assert [x for x in logged if x.startswith("r/0")] == ["r/0 line 4 of 0", "r/0 line 5 of 0"]
+    assert [x for x in logged if x.startswith("r/1")] == [
+        f"r/1 line {i} of 1" for i in (2, 3, 4, 5)
+    ]
+    assert event["log_cursor"] == {"r/0": 5, "r/1": 5}
+    assert event["log_lines"] == 10

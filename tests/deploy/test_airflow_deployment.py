@@ -167,7 +167,7 @@ def test_deferred_task_frees_its_worker_slot(airflow_api: AirflowAPI, gate: Path
         "shipyard_deploy_slot",
         {"name": unique("slot"), "script": counting_script(1, 2, gate, then=2)},
     )
-    run.wait_ti("deferred", {"deferred"})
+    run.wait_deferred("deferred")
     other = run.wait_ti("other", {"success", "failed"})
     assert other["state"] == "success"
     # the first task was deferred all along, and its job still waits for the gate
@@ -185,7 +185,7 @@ def test_deferrable_job_lines_reach_the_task_log_while_deferred(
         "shipyard_deploy_deferrable",
         {"name": unique("lines"), "script": counting_script(1, 30, gate, then=30)},
     )
-    run.wait_ti("job", {"deferred"})
+    run.wait_deferred("job")
     # the trigger logs the lines into the task log while the task is deferred
     wait_until(
         lambda: all(run.job_lines("job", f"job/{k} ") == expected(k, 1, 30) for k in (0, 1)),
@@ -208,7 +208,7 @@ def test_deferrable_sensor_streams_the_job_lines(airflow_api: AirflowAPI, gate: 
         "shipyard_deploy_deferrable_sensor",
         {"name": unique("sensor"), "script": counting_script(1, 5, gate, then=5)},
     )
-    run.wait_ti("wait", {"deferred"})
+    run.wait_deferred("wait")
     wait_until(
         lambda: run.job_lines("wait", "job/1 ") == expected(1, 1, 5),
         60,
@@ -228,7 +228,7 @@ def test_triggerer_restart_resumes_the_log_where_it_stopped(
         "shipyard_deploy_deferrable",
         {"name": unique("restart"), "script": counting_script(1, 20, gate, then=20)},
     )
-    run.wait_ti("job", {"deferred"})
+    run.wait_deferred("job")
     wait_until(
         lambda: all(run.job_lines("job", f"job/{k} ") == expected(k, 1, 20) for k in (0, 1)),
         60,
@@ -250,10 +250,13 @@ def test_triggerer_restart_resumes_the_log_where_it_stopped(
 
 @pytest.mark.parametrize("dag_id", ["shipyard_deploy_deferrable", "shipyard_deploy_blocking"])
 def test_failing_job_fails_the_task_with_its_exit_code(
-    airflow_api: AirflowAPI, dag_id: str
+    airflow_api: AirflowAPI, dag_id: str, gate: Path
 ) -> None:
-    script = 'echo "about to fail"; exit 3'
+    script = f'echo "about to fail"; while [ ! -e {gate} ]; do sleep 0.05; done; exit 3'
     run = airflow_api.trigger(dag_id, {"name": unique("fail"), "script": script})
+    if dag_id == "shipyard_deploy_deferrable":
+        run.wait_deferred("job")
+    gate.touch()
     assert run.wait() == "failed"
     ti = run.ti("job")
     assert ti["state"] == "failed"
@@ -294,7 +297,10 @@ def test_marking_a_deferred_task_failed_cancels_its_job(
         "shipyard_deploy_deferrable",
         {"name": unique("markdef"), "script": counting_script(1, 1, gate, then=1)},
     )
-    run.wait_ti("job", {"deferred"})
+    run.wait_deferred("job")
+    # the trigger runs (it logged the job's first line): a task marked failed before the
+    # triggerer picked its trigger up has no trigger to kill, and its job is left running
+    wait_until(lambda: run.job_lines("job", "job/0 "), 60, "the trigger to log the first line")
     handle = job_handle(run)
     assert deploy_runner.status(handle).state.name == "RUNNING"
     run.mark("job", "failed")
