@@ -29,12 +29,13 @@ from typing import Any
 from core.schedulers import SchedulerFactory, get_default_scheduler_name, get_scheduler_factories
 from core.schedulers.api import IDEMPOTENCY_KEY, ListAppResponse, Scheduler, Stream
 from core.specs import (
+    NONE,
     AppDef,
     AppDryRunInfo,
     AppHandle,
     AppState,
     AppStatus,
-    CfgVal,
+    Cfg,
     make_app_handle,
     parse_app_handle,
     runopts,
@@ -82,7 +83,7 @@ class AppFailedError(RuntimeError):
         head = f"app {self.handle} ended {self.state.name}"
         if codes:
             head += f" (exit codes: {codes})"
-        if self.status and self.status.msg and self.status.msg != "<NONE>":
+        if self.status and self.status.msg and self.status.msg != NONE:
             head += f": {self.status.msg}"
         parts = [head]
         for replica, lines in self.last_lines.items():
@@ -186,22 +187,22 @@ class Runner:
         self,
         app: AppDef,
         scheduler: str,
-        cfg: Mapping[str, CfgVal] | None = None,
+        cfg: Cfg | None = None,
         workspace: str | None = None,
     ) -> AppDryRunInfo[Any]:
         """The request that :meth:`run` would submit (``str()`` of it is printable)."""
         sched = self._scheduler(scheduler)
         if not workspace:
             return sched.submit_dryrun(app, cfg)  # (it resolves cfg itself)
-        resolved = sched._resolve_cfg(cfg)
-        app = sched._apply_workspace(app, workspace, resolved)
+        resolved = sched.resolve_cfg(cfg)
+        app = sched.apply_workspace(app, workspace, resolved)
         return sched.submit_dryrun(app, resolved)
 
     def schedule(self, dryrun_info: AppDryRunInfo[Any]) -> AppHandle:
         """Submits a request made by :meth:`dryrun` and returns the app handle."""
-        if dryrun_info._scheduler is None:
+        if dryrun_info.scheduler is None:
             raise ValueError("dryrun_info: not made by a scheduler's submit_dryrun")
-        sched = self._scheduler(dryrun_info._scheduler)
+        sched = self._scheduler(dryrun_info.scheduler)
         app_id = sched.schedule(dryrun_info)
         handle = make_app_handle(sched.backend, sched.session_name, app_id)
         log.info("launched %s", handle)
@@ -211,7 +212,7 @@ class Runner:
         self,
         app: AppDef,
         scheduler: str | None = None,
-        cfg: Mapping[str, CfgVal] | None = None,
+        cfg: Cfg | None = None,
         workspace: str | None = None,
         idempotency_key: str | None = None,
     ) -> AppHandle:
@@ -235,12 +236,12 @@ class Runner:
         self,
         scheduler: str,
         idempotency_key: str,
-        cfg: Mapping[str, CfgVal] | None = None,
+        cfg: Cfg | None = None,
     ) -> AppHandle | None:
         """The handle of the app submitted to ``scheduler`` with ``idempotency_key``, or None
         (``cfg``: the run configuration it was submitted with, e.g. its Slurm ``cluster``)."""
         sched = self._scheduler(scheduler)
-        app_id = sched.find_by_idempotency_key(idempotency_key, cfg)
+        app_id = sched.find_by_idempotency_key(idempotency_key, sched.resolve_cfg(cfg))
         return make_app_handle(sched.backend, sched.session_name, app_id) if app_id else None
 
     # -- observing ---------------------------------------------------------------------------
@@ -297,13 +298,11 @@ class Runner:
             time.sleep(sleep)
             delay = min(delay * 2, wait_interval)
 
-    def list(
-        self, scheduler: str | None = None, cfg: Mapping[str, CfgVal] | None = None
-    ) -> list[ListAppResponse]:
+    def list(self, scheduler: str | None = None, cfg: Cfg | None = None) -> list[ListAppResponse]:
         """Apps on ``scheduler`` (default: the default scheduler), with handles filled in
         (``cfg``: where the backend needs it, e.g. the Slurm ``cluster`` to list)."""
         sched = self._scheduler(scheduler or get_default_scheduler_name())
-        apps = sched.list(cfg) if cfg else sched.list()  # type: ignore[call-arg]
+        apps = sched.list(sched.resolve_cfg(cfg)) if cfg else sched.list()  # type: ignore[call-arg]
         for app in apps:
             app.app_handle = make_app_handle(sched.backend, sched.session_name, app.app_id)
         return apps
@@ -443,7 +442,7 @@ def _to_status(desc: Any) -> AppStatus | None:
     return AppStatus(
         state=desc.state,
         num_restarts=max(desc.num_restarts, 0),
-        msg="" if desc.msg == "<NONE>" else desc.msg,
+        msg="" if desc.msg == NONE else desc.msg,
         structured_error_msg=desc.structured_error_msg,
         ui_url=desc.ui_url,
         roles=list(desc.roles_statuses),

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, Generic, TypeVar
 
+from core.options import Cfg, CfgVal, cfg_from_str, runopt, runopts
+
 __all__ = [
     "AppDef",
     "AppDryRunInfo",
@@ -22,6 +24,7 @@ __all__ = [
     "AppState",
     "AppStatus",
     "BindMount",
+    "Cfg",
     "CfgVal",
     "DeviceMount",
     "MAX_REPLICAS",
@@ -434,68 +437,84 @@ def validate_app(app: AppDef) -> None:
         seen.add(role.name)
         if not isinstance(role.image, str):
             raise ValueError(f"{where}.image: expected a string, got {role.image!r}")
-        if (
-            not isinstance(role.entrypoint, str)
-            or not role.entrypoint
-            or role.entrypoint == MISSING
-        ):
+        _check_command(role, where)
+        _check_env(role.env, where)
+        _check_counts(role, where)
+        _check_resources(role, where)
+
+
+def _check_command(role: Role, where: str) -> None:
+    """The role's entrypoint and args: strings without NUL characters."""
+    if not isinstance(role.entrypoint, str) or not role.entrypoint or role.entrypoint == MISSING:
+        raise ValueError(
+            f"{where}.entrypoint: expected a non-empty command, got {role.entrypoint!r}"
+        )
+    if "\x00" in role.entrypoint:
+        raise ValueError(f"{where}.entrypoint: must not contain NUL characters")
+    if not isinstance(role.args, list):
+        raise ValueError(f"{where}.args: expected a list of strings, got {role.args!r}")
+    for j, arg in enumerate(role.args):
+        if not isinstance(arg, str):
+            raise ValueError(f"{where}.args[{j}]: expected a string, got {arg!r}")
+        if "\x00" in arg:
+            raise ValueError(f"{where}.args[{j}]: must not contain NUL characters")
+
+
+def _check_env(env: Any, where: str) -> None:
+    """The role's env: variable names to strings without NUL characters."""
+    if not isinstance(env, dict):
+        raise ValueError(f"{where}.env: expected a mapping of strings, got {env!r}")
+    for key, val in env.items():
+        if not isinstance(key, str) or not _ENV_KEY_RE.fullmatch(key):
             raise ValueError(
-                f"{where}.entrypoint: expected a non-empty command, got {role.entrypoint!r}"
+                f"{where}.env: expected variable names of letters, digits and '_', got {key!r}"
             )
-        if "\x00" in role.entrypoint:
-            raise ValueError(f"{where}.entrypoint: must not contain NUL characters")
-        if not isinstance(role.args, list):
-            raise ValueError(f"{where}.args: expected a list of strings, got {role.args!r}")
-        for j, arg in enumerate(role.args):
-            if not isinstance(arg, str):
-                raise ValueError(f"{where}.args[{j}]: expected a string, got {arg!r}")
-            if "\x00" in arg:
-                raise ValueError(f"{where}.args[{j}]: must not contain NUL characters")
-        if not isinstance(role.env, dict):
-            raise ValueError(f"{where}.env: expected a mapping of strings, got {role.env!r}")
-        for key, val in role.env.items():
-            if not isinstance(key, str) or not _ENV_KEY_RE.fullmatch(key):
-                raise ValueError(
-                    f"{where}.env: expected variable names of letters, digits and '_', got {key!r}"
-                )
-            if not isinstance(val, str):
-                raise ValueError(f"{where}.env.{key}: expected a string, got {val!r}")
-            if "\x00" in val:
-                raise ValueError(f"{where}.env.{key}: must not contain NUL characters")
-        _check_int(role.num_replicas, f"{where}.num_replicas", 1, "a positive integer")
-        if role.num_replicas > MAX_REPLICAS:
+        if not isinstance(val, str):
+            raise ValueError(f"{where}.env.{key}: expected a string, got {val!r}")
+        if "\x00" in val:
+            raise ValueError(f"{where}.env.{key}: must not contain NUL characters")
+
+
+def _check_counts(role: Role, where: str) -> None:
+    """The role's replica counts, retries and retry policy."""
+    _check_int(role.num_replicas, f"{where}.num_replicas", 1, "a positive integer")
+    if role.num_replicas > MAX_REPLICAS:
+        raise ValueError(
+            f"{where}.num_replicas: expected at most {MAX_REPLICAS} replicas per role,"
+            f" got {role.num_replicas}"
+        )
+    if role.min_replicas is not None:
+        _check_int(role.min_replicas, f"{where}.min_replicas", 1, "a positive integer")
+        if role.min_replicas > role.num_replicas:
             raise ValueError(
-                f"{where}.num_replicas: expected at most {MAX_REPLICAS} replicas per role,"
-                f" got {role.num_replicas}"
+                f"{where}.min_replicas: expected at most num_replicas ({role.num_replicas}),"
+                f" got {role.min_replicas}"
             )
-        if role.min_replicas is not None:
-            _check_int(role.min_replicas, f"{where}.min_replicas", 1, "a positive integer")
-            if role.min_replicas > role.num_replicas:
-                raise ValueError(
-                    f"{where}.min_replicas: expected at most num_replicas ({role.num_replicas}),"
-                    f" got {role.min_replicas}"
-                )
-        _check_int(role.max_retries, f"{where}.max_retries", 0, "a non-negative integer")
-        if not isinstance(role.retry_policy, RetryPolicy):
+    _check_int(role.max_retries, f"{where}.max_retries", 0, "a non-negative integer")
+    if not isinstance(role.retry_policy, RetryPolicy):
+        raise ValueError(
+            f"{where}.retry_policy: expected one of {[p.value for p in RetryPolicy]},"
+            f" got {role.retry_policy!r}"
+        )
+
+
+def _check_resources(role: Role, where: str) -> None:
+    """The role's resource, ports and mounts."""
+    res = role.resource
+    if not isinstance(res, Resource):
+        raise ValueError(f"{where}.resource: expected a Resource, got {res!r}")
+    for attr in ("cpu", "gpu", "memMB"):
+        val = getattr(res, attr)
+        if isinstance(val, bool) or not isinstance(val, int) or val < -1:
             raise ValueError(
-                f"{where}.retry_policy: expected one of {[p.value for p in RetryPolicy]},"
-                f" got {role.retry_policy!r}"
+                f"{where}.resource.{attr}: expected a non-negative integer (or -1), got {val!r}"
             )
-        res = role.resource
-        if not isinstance(res, Resource):
-            raise ValueError(f"{where}.resource: expected a Resource, got {res!r}")
-        for attr in ("cpu", "gpu", "memMB"):
-            val = getattr(res, attr)
-            if isinstance(val, bool) or not isinstance(val, int) or val < -1:
-                raise ValueError(
-                    f"{where}.resource.{attr}: expected a non-negative integer (or -1), got {val!r}"
-                )
-        for name, port in role.port_map.items():
-            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-                raise ValueError(f"{where}.port_map.{name}: expected a port 1-65535, got {port!r}")
-        for j, mount in enumerate(role.mounts):
-            if not isinstance(mount, BindMount | VolumeMount | DeviceMount):
-                raise ValueError(f"{where}.mounts[{j}]: expected a mount, got {mount!r}")
+    for name, port in role.port_map.items():
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"{where}.port_map.{name}: expected a port 1-65535, got {port!r}")
+    for j, mount in enumerate(role.mounts):
+        if not isinstance(mount, BindMount | VolumeMount | DeviceMount):
+            raise ValueError(f"{where}.mounts[{j}]: expected a mount, got {mount!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -610,246 +629,10 @@ class AppStatus:
 
 
 # --------------------------------------------------------------------------------------------
-# run options
-# --------------------------------------------------------------------------------------------
-
-CfgVal = str | int | float | bool | list[str] | dict[str, str] | None
-T = TypeVar("T")
-
-_TYPE_NAMES: dict[Any, str] = {
-    str: "str",
-    int: "int",
-    float: "float",
-    bool: "bool",
-    list[str]: "typing.List[str]",
-    dict[str, str]: "typing.Dict[str, str]",
-}
-
-
-@dataclass
-class runopt:  # noqa: N801 - name fixed by the specification
-    """One run option: its type, default, whether it is required, and its help text."""
-
-    default: CfgVal
-    opt_type: Any
-    is_required: bool
-    help: str
-
-    @property
-    def type_name(self) -> str:
-        return _TYPE_NAMES.get(
-            self.opt_type, getattr(self.opt_type, "__name__", str(self.opt_type))
-        )
-
-
-def _parse_bool(name: str, value: str) -> bool:
-    low = value.strip().lower()
-    if low in ("true", "1", "yes", "on"):
-        return True
-    if low in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"cfg.{name}: expected a bool (true/false), got {value!r}")
-
-
-def _parse_dict(name: str, value: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in re.split(r"[,;]", value):
-        item = item.strip()
-        if not item:
-            continue
-        key, sep, val = item.partition(":")
-        if not sep:
-            key, sep, val = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(
-                f"cfg.{name}: expected KEY:VALUE pairs separated by ',' or ';', got {item!r}"
-            )
-        out[key.strip()] = val
-    return out
-
-
-class runopts:  # noqa: N801 - name fixed by the specification
-    """The typed run options of a scheduler: ``--help`` for its cfg.
-
-    >>> opts = runopts()
-    >>> opts.add("log_dir", type_=str, help="where logs go", default=None)
-    >>> opts.resolve({"log_dir": "/tmp/x"})["log_dir"]
-    '/tmp/x'
-    """
-
-    def __init__(self) -> None:
-        self._opts: dict[str, runopt] = {}
-        self._defaults: dict[str, CfgVal] | None = None  # resolve({}), kept: it is every submit's
-        self._mutable_defaults = False  # some default is a list or dict (copied per resolve)
-
-    def add(
-        self,
-        cfg_key: str,
-        type_: Any,
-        help: str,
-        default: CfgVal = None,
-        required: bool = False,
-    ) -> None:
-        """Adds an option. A required option must not have a default."""
-        if required and default is not None:
-            raise ValueError(f"runopts.add({cfg_key!r}): a required option cannot have a default")
-        if default is not None and not self._is_type(default, type_):
-            raise TypeError(f"runopts.add({cfg_key!r}): default {default!r} is not of type {type_}")
-        self._opts[cfg_key] = runopt(default, type_, required, help)
-        self._defaults = None
-
-    def update(self, other: runopts) -> None:
-        """Adds every option of ``other``."""
-        self._opts.update(other._opts)
-        self._defaults = None
-
-    def get(self, name: str) -> runopt | None:
-        """The option called ``name``, or None."""
-        return self._opts.get(name)
-
-    def __iter__(self) -> Iterator[tuple[str, runopt]]:
-        return iter(self._opts.items())
-
-    def __len__(self) -> int:
-        return len(self._opts)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._opts
-
-    @staticmethod
-    def _is_type(value: Any, type_: Any) -> bool:
-        if type_ is bool:
-            return isinstance(value, bool)
-        if type_ is int:
-            return isinstance(value, int) and not isinstance(value, bool)
-        if type_ is float:
-            return isinstance(value, int | float) and not isinstance(value, bool)
-        if type_ == list[str]:
-            return isinstance(value, list) and all(isinstance(v, str) for v in value)
-        if type_ == dict[str, str]:
-            return isinstance(value, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-            )
-        return isinstance(value, type_)
-
-    def _coerce(self, name: str, opt: runopt, value: Any) -> CfgVal:
-        if value is None or self._is_type(value, opt.opt_type):
-            if opt.opt_type is float and isinstance(value, int):
-                return float(value)
-            return value  # type: ignore[no-any-return]
-        if isinstance(value, str):
-            return self._from_str(name, opt, value)
-        raise ValueError(
-            f"cfg.{name}: expected {opt.type_name}, got {type(value).__name__} {value!r}"
-        )
-
-    def _from_str(self, name: str, opt: runopt, value: str) -> CfgVal:
-        t = opt.opt_type
-        if t is str:
-            return value
-        if t is bool:
-            return _parse_bool(name, value)
-        if t is int or t is float:
-            try:
-                return t(value.strip())  # type: ignore[no-any-return]
-            except ValueError:
-                raise ValueError(f"cfg.{name}: expected {opt.type_name}, got {value!r}") from None
-        if t == list[str]:
-            return [v for v in re.split(r"[,;]", value) if v]
-        if t == dict[str, str]:
-            return _parse_dict(name, value)
-        raise ValueError(f"cfg.{name}: cannot parse {value!r} as {opt.type_name}")
-
-    def resolve(self, cfg: Mapping[str, CfgVal] | None) -> dict[str, CfgVal]:
-        """Checks ``cfg`` against the options and fills in defaults.
-
-        Strings are converted to the option's type (as given on a command line).
-
-        Raises:
-            ValueError: for an unknown key (listing the valid ones), a value of the wrong type, or
-                a missing required option.
-        """
-        if not cfg:
-            defaults = self._defaults
-            if defaults is None:
-                defaults = self._defaults = self._resolve({})
-                self._mutable_defaults = any(isinstance(v, list | dict) for v in defaults.values())
-            if not self._mutable_defaults:
-                return defaults.copy()
-            return {
-                k: copy.deepcopy(v) if isinstance(v, list | dict) else v
-                for k, v in defaults.items()
-            }
-        return self._resolve(cfg)
-
-    def _resolve(self, cfg: Mapping[str, CfgVal]) -> dict[str, CfgVal]:
-        cfg = dict(cfg)
-        unknown = sorted(str(k) for k in cfg if k not in self._opts)
-        if unknown:
-            raise ValueError(
-                f"cfg: unknown option(s) {', '.join(unknown)}; valid options are:"
-                f" {', '.join(self._opts) or '(none)'}"
-            )
-        resolved: dict[str, CfgVal] = {}
-        for name, opt in self._opts.items():
-            value = self._coerce(name, opt, cfg.get(name))
-            if value is None:
-                if opt.is_required:
-                    raise ValueError(
-                        f"cfg.{name}: required option is missing ({opt.type_name}: {opt.help})"
-                    )
-                value = copy.deepcopy(opt.default)
-            resolved[name] = value
-        return resolved
-
-    def cfg_from_str(self, cfg_str: str) -> dict[str, CfgVal]:
-        """Parses ``"k1=v1,k2=v2"`` into a typed cfg.
-
-        A comma-separated part without ``=`` continues the previous value, so list and dict
-        options can be given as ``copy_env=A*,B*`` or ``env=A:1,B:2``.
-        """
-        parsed: dict[str, str] = {}
-        key: str | None = None
-        for part in cfg_str.split(","):
-            if "=" in part and (key is None or part.partition("=")[0].strip() in self._opts):
-                k, _, v = part.partition("=")
-                key = k.strip()
-                parsed[key] = v
-            elif key is not None:
-                parsed[key] += "," + part
-            elif part.strip():
-                raise ValueError(f"cfg: expected key=value, got {part!r}")
-        return {k: v for k, v in self.resolve(parsed).items() if k in parsed}
-
-    def __repr__(self) -> str:
-        return str(self)
-
-    def __str__(self) -> str:
-        required = [(k, o) for k, o in self._opts.items() if o.is_required]
-        optional = [(k, o) for k, o in self._opts.items() if not o.is_required]
-        out: list[str] = []
-        for title, opts in (("required arguments", required), ("optional arguments", optional)):
-            if not opts:
-                continue
-            out.append(f"    {title}:")
-            for key, opt in opts:
-                if opt.is_required:
-                    out.append(f"        {key}={key.upper()} ({opt.type_name})")
-                else:
-                    out.append(f"        {key}={key.upper()} ({opt.type_name}, {opt.default})")
-                out.append(f"            {opt.help}")
-            out.append("")
-        return "\n".join(out)
-
-
-def cfg_from_str(opts: runopts, cfg_str: str) -> dict[str, CfgVal]:
-    """Function form of :meth:`runopts.cfg_from_str`."""
-    return opts.cfg_from_str(cfg_str)
-
-
-# --------------------------------------------------------------------------------------------
 # dry runs
 # --------------------------------------------------------------------------------------------
+
+T = TypeVar("T")
 
 
 class AppDryRunInfo(Generic[T]):
@@ -865,6 +648,35 @@ class AppDryRunInfo(Generic[T]):
         self._cfg: Mapping[str, CfgVal] | None = None
         self._scheduler: str | None = None
         self._images_to_push: dict[str, tuple[str, str]] = {}
+
+    # (stored under the specification's private names, which schedulers may still read)
+
+    @property
+    def app(self) -> AppDef | None:
+        """The app the request was made from (set by ``Scheduler.submit_dryrun``)."""
+        return self._app
+
+    @app.setter
+    def app(self, app: AppDef | None) -> None:
+        self._app = app
+
+    @property
+    def cfg(self) -> Mapping[str, CfgVal] | None:
+        """The resolved run configuration the request was made with."""
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, cfg: Mapping[str, CfgVal] | None) -> None:
+        self._cfg = cfg
+
+    @property
+    def scheduler(self) -> str | None:
+        """The name of the scheduler that made the request (None: not made by one)."""
+        return self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: str | None) -> None:
+        self._scheduler = scheduler
 
     def __repr__(self) -> str:
         return self._fmt(self.request)

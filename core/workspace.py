@@ -8,10 +8,12 @@ role (other roles sharing its image follow it).
 from __future__ import annotations
 
 import abc
+import io
 import logging
 import os
 import posixpath
 import stat
+import tarfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -146,9 +148,6 @@ class DockerWorkspaceMixin(WorkspaceMixin):
             ValueError: if ``img`` is not on the engine or ``workspace`` is not a directory.
             RuntimeError: if the build fails (with the builder's message).
         """
-        import io
-        import tarfile
-
         from docker.errors import APIError, ImageNotFound
 
         api = self._docker_client.api
@@ -161,65 +160,10 @@ class DockerWorkspaceMixin(WorkspaceMixin):
             ) from None
         except APIError as e:
             raise ValueError(f"image: the Docker engine rejects {img!r}: {e.explanation}") from None
-
-        buf = io.BytesIO()
-        names: set[str] = set()
-        dockerignore = b""
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for fs, path, rel in walk_workspace(workspace):
-                with fs.open(path, "rb") as f:
-                    data = f.read()
-                if rel == ".dockerignore":
-                    dockerignore = data
-                    continue
-                info = tarfile.TarInfo(rel)
-                info.size = len(data)
-                info.mode = 0o644
-                if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-                    info.mode = stat.S_IMODE(os.stat(path).st_mode)
-                info.mtime = 0
-                tar.addfile(info, io.BytesIO(data))
-                names.add(rel)
-            if WORKSPACE_DOCKERFILE in names:
-                dockerfile = WORKSPACE_DOCKERFILE
-            else:
-                dockerfile = _GENERATED_DOCKERFILE
-                content = b"ARG IMAGE\nFROM $IMAGE\nCOPY . ./\n"
-                info = tarfile.TarInfo(dockerfile)
-                info.size = len(content)
-                tar.addfile(info, io.BytesIO(content))
-            ignore = dockerignore.rstrip(b"\n") + f"\n{dockerfile}\n.dockerignore\n".encode()
-            info = tarfile.TarInfo(".dockerignore")
-            info.size = len(ignore)
-            tar.addfile(info, io.BytesIO(ignore))
-        buf.seek(0)
-
+        context, dockerfile, files = _build_context(workspace)
         level = logging.DEBUG if quiet else logging.INFO
-        log.log(level, "building workspace %s on top of %s (%d files)", workspace, img, len(names))
-        image_id: str | None = None
-        errors: list[str] = []
-        for msg in api.build(
-            fileobj=buf,
-            custom_context=True,
-            dockerfile=dockerfile,
-            buildargs={"IMAGE": img},
-            pull=False,
-            rm=True,
-            forcerm=True,
-            decode=True,
-            labels={_WORKSPACE_LABEL: "1"},
-        ):
-            if "error" in msg or "errorDetail" in msg:
-                errors.append(str(msg.get("error") or msg.get("errorDetail")))
-            elif "aux" in msg and isinstance(msg["aux"], dict) and "ID" in msg["aux"]:
-                image_id = msg["aux"]["ID"]
-            elif msg.get("stream", "").strip():
-                log.log(level, "build: %s", msg["stream"].rstrip())
-        if errors or not image_id:
-            raise RuntimeError(
-                f"workspace: building {workspace} on top of {img} failed: "
-                + ("; ".join(errors) or "the engine returned no image id")
-            )
+        log.log(level, "building workspace %s on top of %s (%d files)", workspace, img, files)
+        image_id = _build(api, context, dockerfile, img, workspace, level)
         log.log(level, "workspace image %s built from %s + %s", image_id, img, workspace)
         return image_id
 
@@ -255,3 +199,79 @@ class DockerWorkspaceMixin(WorkspaceMixin):
                         f"cfg.image_repo: pushing {repo}:{tag} failed:"
                         f" {msg.get('error') or msg.get('errorDetail')}"
                     )
+
+
+def _build_context(workspace: str) -> tuple[io.BytesIO, str, int]:
+    """The build context of ``workspace``: a tar of its files, its Dockerfile (the workspace's
+    own :data:`WORKSPACE_DOCKERFILE`, else a generated ``FROM $IMAGE`` + ``COPY . ./``) and a
+    ``.dockerignore`` (the workspace's, plus the Dockerfile and itself, so neither lands in the
+    image); returns ``(tar, dockerfile name, number of workspace files)``."""
+    buf = io.BytesIO()
+    names: set[str] = set()
+    dockerignore = b""
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for fs, path, rel in walk_workspace(workspace):
+            with fs.open(path, "rb") as f:
+                data = f.read()
+            if rel == ".dockerignore":
+                dockerignore = data
+                continue
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mode = 0o644
+            if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+                info.mode = stat.S_IMODE(os.stat(path).st_mode)
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+            names.add(rel)
+        if WORKSPACE_DOCKERFILE in names:
+            dockerfile = WORKSPACE_DOCKERFILE
+        else:
+            dockerfile = _GENERATED_DOCKERFILE
+            content = b"ARG IMAGE\nFROM $IMAGE\nCOPY . ./\n"
+            info = tarfile.TarInfo(dockerfile)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+        ignore = dockerignore.rstrip(b"\n") + f"\n{dockerfile}\n.dockerignore\n".encode()
+        info = tarfile.TarInfo(".dockerignore")
+        info.size = len(ignore)
+        tar.addfile(info, io.BytesIO(ignore))
+    buf.seek(0)
+    return buf, dockerfile, len(names)
+
+
+def _build(
+    api: Any, context: io.BytesIO, dockerfile: str, img: str, workspace: str, level: int
+) -> str:
+    """Builds ``context`` (of ``workspace``) on the engine, ``img`` as the build argument
+    ``IMAGE``, never pulling; returns the new image's id, logging the builder's output at
+    ``level``.
+
+    Raises:
+        RuntimeError: the build failed (with the builder's errors).
+    """
+    image_id: str | None = None
+    errors: list[str] = []
+    for msg in api.build(
+        fileobj=context,
+        custom_context=True,
+        dockerfile=dockerfile,
+        buildargs={"IMAGE": img},
+        pull=False,
+        rm=True,
+        forcerm=True,
+        decode=True,
+        labels={_WORKSPACE_LABEL: "1"},
+    ):
+        if "error" in msg or "errorDetail" in msg:
+            errors.append(str(msg.get("error") or msg.get("errorDetail")))
+        elif "aux" in msg and isinstance(msg["aux"], dict) and "ID" in msg["aux"]:
+            image_id = msg["aux"]["ID"]
+        elif msg.get("stream", "").strip():
+            log.log(level, "build: %s", msg["stream"].rstrip())
+    if errors or not image_id:
+        raise RuntimeError(
+            f"workspace: building {workspace} on top of {img} failed: "
+            + ("; ".join(errors) or "the engine returned no image id")
+        )
+    return image_id

@@ -9,13 +9,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from core.specs import (
     NONE,
     AppDef,
     AppDryRunInfo,
     AppState,
+    Cfg,
     CfgVal,
     Role,
     RoleStatus,
@@ -102,22 +103,24 @@ class Scheduler(abc.ABC, Generic[T]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def submit(
-        self, app: AppDef, cfg: Mapping[str, CfgVal] | None, workspace: str | None = None
-    ) -> str:
+    def submit(self, app: AppDef, cfg: Cfg | None, workspace: str | None = None) -> str:
         """Submits ``app`` and returns its app id.
 
         Mostly used for tests: users should prefer :class:`core.runner.Runner`.
         """
-        resolved = self._resolve_cfg(cfg)
+        resolved = self.resolve_cfg(cfg)
         if workspace:
-            app = self._apply_workspace(app, workspace, resolved)
+            app = self.apply_workspace(app, workspace, resolved)
         dryrun_info = self.submit_dryrun(app, resolved)
         return self.schedule(dryrun_info)
 
-    def _apply_workspace(self, app: AppDef, workspace: str, cfg: Mapping[str, CfgVal]) -> AppDef:
+    def apply_workspace(self, app: AppDef, workspace: str, cfg: Mapping[str, CfgVal]) -> AppDef:
         """Returns a copy of ``app`` whose first role (and every role sharing its image) runs
-        with ``workspace`` applied."""
+        with ``workspace`` applied (``cfg``: as resolved by :meth:`resolve_cfg`).
+
+        Raises:
+            ValueError: if this scheduler does not support workspaces, or the app is invalid.
+        """
         from core.workspace import WorkspaceMixin
 
         if not isinstance(self, WorkspaceMixin):
@@ -143,20 +146,20 @@ class Scheduler(abc.ABC, Generic[T]):
         returned instead, so racing submitters all get the same app.
         """
 
-    def submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal] | None) -> AppDryRunInfo[T]:
+    def submit_dryrun(self, app: AppDef, cfg: Cfg | None) -> AppDryRunInfo[T]:
         """Returns the request that would be submitted, without submitting it.
 
         The app and cfg are validated first; errors name the bad field.
         """
-        resolved = self._resolve_cfg(cfg)
+        resolved = self.resolve_cfg(cfg)
         validate_app(app)
         self._validate(app, self.backend, resolved)
         dryrun_info = self._submit_dryrun(app, resolved)
         for role in app.roles:
             dryrun_info = role.pre_proc(self.backend, dryrun_info)
-        dryrun_info._app = app
-        dryrun_info._cfg = resolved
-        dryrun_info._scheduler = self.backend
+        dryrun_info.app = app
+        dryrun_info.cfg = resolved
+        dryrun_info.scheduler = self.backend
         return dryrun_info
 
     @abc.abstractmethod
@@ -166,12 +169,13 @@ class Scheduler(abc.ABC, Generic[T]):
         """The run options this scheduler takes: a ``--help`` for its cfg."""
         return self._run_opts()
 
-    def _resolve_cfg(self, cfg: Mapping[str, CfgVal] | None) -> dict[str, CfgVal]:
-        """``run_opts().resolve(cfg)``, with the options built once per scheduler."""
-        opts: runopts | None = self.__dict__.get("_cfg_opts")
-        if opts is None:
-            opts = self.__dict__["_cfg_opts"] = self.run_opts()
-        return opts.resolve(cfg)
+    def resolve_cfg(self, cfg: Cfg | None) -> dict[str, CfgVal]:
+        """``cfg`` checked against :meth:`run_opts`, with the defaults filled in.
+
+        Raises:
+            ValueError: naming the unknown, mistyped or missing option.
+        """
+        return self.run_opts().resolve(cfg)
 
     def _run_opts(self) -> runopts:
         return runopts()
@@ -296,11 +300,3 @@ def check_stream(streams: Stream | str | None, supported: Iterable[Stream]) -> S
             f" expected one of {[s.value for s in supported]}"
         )
     return stream
-
-
-def role_replica_exists(roles: Any, role_name: str, k: int) -> bool:
-    """Helper for log_iter: whether ``roles`` (RoleStatus list) has replica ``k`` of ``role_name``."""
-    for rs in roles:
-        if rs.role == role_name:
-            return any(r.id == k for r in rs.replicas)
-    return False

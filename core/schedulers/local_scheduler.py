@@ -43,12 +43,11 @@ from core.schedulers.local.images import (
     CWDImageProvider,
     ImageProvider,
     LocalDirectoryImageProvider,
-    LocalOptions,
-    LocalOpts,
     PopenRequest,
     ReplicaParam,
 )
 from core.schedulers.local.logs import LogIterator
+from core.schedulers.local.options import LocalOpts
 from core.schedulers.local.scheduler import DEFAULT_GRACE, LocalScheduler, state_dir
 from core.schedulers.local.signals import SignalException
 
@@ -57,7 +56,6 @@ __all__ = [
     "DEFAULT_GRACE",
     "ImageProvider",
     "LocalDirectoryImageProvider",
-    "LocalOptions",
     "LocalOpts",
     "LocalScheduler",
     "LogIterator",

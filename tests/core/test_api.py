@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import importlib.metadata
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -143,10 +141,9 @@ def test_third_party_scheduler_is_discovered_through_entry_points(tmp_path: Path
         schedulers._discover.cache_clear()
 
 
-def test_entry_point_cache_sees_installed_changed_and_removed_schedulers(
+def test_installed_changed_and_removed_schedulers_are_seen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     site = tmp_path / "site"
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
@@ -159,15 +156,6 @@ def test_entry_point_cache_sees_installed_changed_and_removed_schedulers(
             schedulers._discover.cache_clear()
 
     assert "memory" not in discovered()
-    cache_files = list((tmp_path / "cache" / "shipyard").iterdir())
-    assert len(cache_files) == 1  # the result was cached ...
-    with monkeypatch.context() as m:  # ... and read back, without reading the metadata again
-
-        def no_metadata(**kwargs: object) -> None:
-            raise AssertionError("entry points read from the metadata despite the cache")
-
-        m.setattr(importlib.metadata, "entry_points", no_metadata)
-        assert "memory" not in discovered()
 
     dist = site / "memsched-1.0.dist-info"
     dist.mkdir()
@@ -179,7 +167,6 @@ def test_entry_point_cache_sees_installed_changed_and_removed_schedulers(
     eps.write_text(
         "[shipyard.schedulers]\nmemory2 = tests.core.memory_scheduler:create_scheduler\n"
     )
-    os.utime(eps, ns=(eps.stat().st_atime_ns, eps.stat().st_mtime_ns + 1_000_000))
     found = discovered()
     assert "memory2" in found and "memory" not in found  # changed in place
     schedulers._discover.cache_clear()
@@ -189,16 +176,3 @@ def test_entry_point_cache_sees_installed_changed_and_removed_schedulers(
 
     shutil.rmtree(dist)
     assert "memory2" not in discovered()  # removed
-
-
-def test_entry_points_discovered_without_a_writable_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    schedulers._discover.cache_clear()
-    try:
-        assert {"local_cwd", "local_docker", "slurm"} <= set(get_scheduler_factories())
-    finally:
-        schedulers._discover.cache_clear()

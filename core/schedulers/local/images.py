@@ -7,31 +7,18 @@ from __future__ import annotations
 import abc
 import os
 import shlex
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypedDict
 
-from core.specs import CfgVal, Role
+from core.schedulers.local.options import LocalOpts
+from core.specs import Role
 
 __all__ = [
     "CWDImageProvider",
     "ImageProvider",
     "LocalDirectoryImageProvider",
-    "LocalOpts",
-    "LocalOptions",
     "PopenRequest",
     "ReplicaParam",
 ]
-
-LocalOpts = Mapping[str, CfgVal]
-
-
-class LocalOptions(TypedDict, total=False):
-    """The run options of ``local_cwd`` and ``local_dir`` (see ``shipyard runopts local_cwd``)."""
-
-    log_dir: str
-    prepend_cwd: bool
-    auto_set_cuda_visible_devices: bool
 
 
 @dataclass

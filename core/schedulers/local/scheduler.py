@@ -37,8 +37,9 @@ from core.schedulers.local.appdir import (
 )
 from core.schedulers.local.background import BACKGROUND, start_collector
 from core.schedulers.local.collector import collect
-from core.schedulers.local.images import ImageProvider, LocalOpts, PopenRequest, ReplicaParam
+from core.schedulers.local.images import ImageProvider, PopenRequest, ReplicaParam
 from core.schedulers.local.logs import LogIterator
+from core.schedulers.local.options import LocalOpts, local_opts, run_opts
 from core.schedulers.local.processes import DEFAULT_GRACE, MARKER_ENV, Identity, terminate
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
 from core.schedulers.local.signals import HANDLERS
@@ -142,48 +143,30 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._pid = os.getpid()
         self._closed = False
         self._null = -1
-        self._which: dict[tuple[str, str, str], str] = {}  # see _resolve_entrypoint
+        self._found: dict[tuple[str, str, str], str] = {}  # see _which
         HANDLERS.register(self)
 
     # -- options ------------------------------------------------------------------------------
 
     def _run_opts(self) -> runopts:
-        opts = runopts()
-        opts.add("log_dir", type_=str, help="dir to write stdout/stderr log files of replicas")
-        opts.add(
-            "prepend_cwd",
-            type_=bool,
-            default=False,
-            help="if set, prepends CWD to replica's PATH env var making any binaries in CWD"
-            " take precedence over those in PATH",
-        )
-        opts.add(
-            "auto_set_cuda_visible_devices",
-            type_=bool,
-            default=False,
-            help="sets the `CUDA_AVAILABLE_DEVICES` for roles that request GPU resources. Each"
-            " role replica will be assigned one GPU. Does nothing if the device count is less"
-            " than replicas.",
-        )
-        return opts
+        return run_opts()
 
     # -- dry run ------------------------------------------------------------------------------
 
     def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
-        log_dir = cfg.get("log_dir")
-        if log_dir is not None and (not isinstance(log_dir, str) or not log_dir.strip()):
-            raise ValueError(f"cfg.log_dir: expected a directory path, got {log_dir!r}")
+        local_opts(cfg)  # (raises for a bad log_dir)
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[PopenRequest]:
+        opts = local_opts(cfg)
         app_id = f"{app.name}-{secrets.token_hex(5)}"
         app_dir = os.path.join(apps_root(), app_id)
-        log_root = cfg.get("log_dir")
+        log_root = opts.get("log_dir")
         log_dir = (
             os.path.join(os.path.abspath(os.path.expanduser(log_root)), app_id)
-            if isinstance(log_root, str)
+            if log_root is not None
             else app_dir
         )
-        provider = self._image_provider_class(cfg)
+        provider = self._image_provider_class(opts)
         role_params: dict[str, list[ReplicaParam]] = {}
         base_size = environ_size(os.environb)
         g = 0
@@ -191,7 +174,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             img_root = provider.fetch_role(role)
             params = role_params[role.name] = []
             for k in range(role.num_replicas):
-                param = self._replica_param(provider, img_root, role, app, app_id, log_dir, k, cfg)
+                param = self._replica_param(provider, img_root, role, app, app_id, log_dir, k, opts)
                 param.args[0] = self._resolve_entrypoint(
                     param.args[0], param.cwd or os.getcwd(), param.env.get("PATH", ""), i
                 )
@@ -199,7 +182,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 check_command_size(param.args, param.env, f"roles[{i}]", base_size)
                 params.append(param)
                 g += 1
-        if cfg.get("auto_set_cuda_visible_devices"):
+        if opts.get("auto_set_cuda_visible_devices"):
             self._set_cuda_visible_devices(role_params, app)
         request = PopenRequest(
             app_id=app_id,
@@ -223,7 +206,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         app_id: str,
         log_dir: str,
         k: int,
-        cfg: Mapping[str, CfgVal],
+        opts: LocalOpts,
     ) -> ReplicaParam:
         replica = _replica_role(role, macros.Values(img_root, app_id, str(k), RANK0_ENV))
         base = os.path.join(log_dir, f"{role.name}.{k}")
@@ -231,7 +214,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             img_root, replica, f"{base}.stdout.log", f"{base}.stderr.log", f"{base}.combined.log"
         )
         cwd = param.cwd or os.getcwd()
-        prefix = [*([cwd] if cfg.get("prepend_cwd") else []), *self._extra_paths]
+        prefix = [*([cwd] if opts.get("prepend_cwd") else []), *self._extra_paths]
         if prefix:
             path = param.env.get("PATH", os.environ.get("PATH", os.defpath))
             param.env["PATH"] = os.pathsep.join([*prefix, *([path] if path else [])])
@@ -489,11 +472,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
 
     def _resolve_entrypoint(self, entrypoint: str, cwd: str, path: str, i: int) -> str:
         """An absolute path for a command found on PATH (so the wrapper never runs a shell
-        builtin of the same name); checks that the entrypoint exists.
-
-        PATH searches are remembered per (command, PATH, cwd) and checked again with one
-        ``access(2)``: a search on every submit (~50 us) makes the bench row "local submit 1
-        replica" miss its target (<= 1.5x raw Popen)."""
+        builtin of the same name); checks that the entrypoint exists."""
         if os.sep in entrypoint:
             full = entrypoint if os.path.isabs(entrypoint) else os.path.join(cwd, entrypoint)
             if not os.path.isfile(full):
@@ -501,16 +480,29 @@ class LocalScheduler(Scheduler[PopenRequest]):
             if not os.access(full, os.X_OK):
                 raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} is not executable")
             return entrypoint
-        key = (entrypoint, path, cwd)
-        known = self._which.get(key)
-        if known is not None and os.access(known, os.X_OK):
-            return known
-        found = shutil.which(entrypoint, path=path or os.environ.get("PATH", os.defpath))
+        found = self._which(entrypoint, path or os.environ.get("PATH", os.defpath), cwd)
         if found is None:
             raise ValueError(f"roles[{i}].entrypoint: {entrypoint!r} was not found on PATH")
-        if len(self._which) >= 256:
-            self._which.clear()
-        self._which[key] = found = os.path.abspath(found)
+        return found
+
+    def _which(self, command: str, path: str, cwd: str) -> str | None:
+        """``shutil.which(command, path=path)`` as an absolute path (None if not found), each
+        search remembered per (command, PATH, cwd) and checked again with one ``access(2)``.
+
+        Kept for the bench row ``local: submit 1 replica(s) (sleep)`` (target <= 1.5x raw
+        Popen): a search on every submit (~25 us) helped push it over the target (1.52-1.57x
+        with both this and :func:`_replica_role` in their plain form, 1.31x with them).
+        """
+        key = (command, path, cwd)
+        known = self._found.get(key)
+        if known is not None and os.access(known, os.X_OK):
+            return known
+        found = shutil.which(command, path=path)
+        if found is None:
+            return None
+        if len(self._found) >= 256:
+            self._found.clear()
+        self._found[key] = found = os.path.abspath(found)
         return found
 
     def _get_gpu_device_count(self) -> int:
@@ -705,8 +697,12 @@ def _check_log_dir(path: str) -> None:
 
 def _replica_role(role: Role, values: macros.Values) -> Role:
     """``values.apply(role)``, without its deep copy of the role when no arg or env value holds
-    a macro (most roles): with a deep copy per replica the bench row "local submit 1 replica"
-    misses its target (<= 1.5x raw Popen)."""
+    a macro (most roles): a shallow copy with its own args and env.
+
+    Kept for the bench row ``local: submit 1 replica(s) (sleep)`` (target <= 1.5x raw Popen):
+    a deep copy per replica (~22 us) helped push it over the target (1.52-1.57x with both this
+    and :meth:`LocalScheduler._which` in their plain form, 1.31x with them).
+    """
     if any("$" in a for a in role.args) or any("$" in v for v in role.env.values()):
         return values.apply(role)
     replica = copy.copy(role)

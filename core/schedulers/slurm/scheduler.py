@@ -58,7 +58,7 @@ from core.workspace import DirWorkspaceMixin, walk_workspace
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SlurmOpts", "SlurmScheduler", "create_scheduler"]
+__all__ = ["SlurmOpts", "SlurmScheduler", "create_scheduler", "run_opts"]
 
 _TIME_RE = re.compile(r"^(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+)$")
 _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
@@ -72,17 +72,52 @@ _APP_ID_RE = re.compile(r"^(?:(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):)?(?P
 _STR_OPTIONS = (*SBATCH_JOB_OPTIONS, "job_dir", "cluster")
 
 
-class SlurmOpts(TypedDict, total=False):
-    """The run options of the ``slurm`` scheduler (see ``shipyard runopts slurm``)."""
+#: The run options of the ``slurm`` scheduler, typed (see :func:`run_opts`; the keys are the
+#: cfg's, hence the functional form for ``mail-user`` and ``mail-type``).
+SlurmOpts = TypedDict(
+    "SlurmOpts",
+    {
+        "partition": str | None,
+        "time": str | None,
+        "comment": str | None,
+        "constraint": str | None,
+        "mail-user": str | None,
+        "mail-type": str | None,
+        "job_dir": str | None,
+        "cluster": str | None,
+    },
+    total=False,
+)
 
-    partition: str
-    time: str
-    comment: str
-    constraint: str
-    mail_user: str  # (cfg key "mail-user")
-    mail_type: str  # (cfg key "mail-type")
-    job_dir: str
-    cluster: str
+
+def run_opts() -> runopts:
+    """The run options the ``slurm`` scheduler takes."""
+    opts = runopts()
+    opts.add("partition", type_=str, help="The partition to run the job in.")
+    opts.add(
+        "time",
+        type_=str,
+        help='The maximum time the job is allowed to run for. Formats: "minutes",'
+        ' "minutes:seconds", "hours:minutes:seconds", "days-hours", "days-hours:minutes"'
+        ' or "days-hours:minutes:seconds"',
+    )
+    opts.add("comment", type_=str, help="Comment to set on the slurm job.")
+    opts.add("constraint", type_=str, help="Constraint to use for the slurm job.")
+    opts.add("mail-user", type_=str, help="User to mail on job end.")
+    opts.add("mail-type", type_=str, help="What events to mail users on.")
+    opts.add(
+        "job_dir",
+        type_=str,
+        help="The directory to place the job code and outputs. The directory must not"
+        " exist and will be created (on a named cluster: relative to its remote_dir).",
+    )
+    opts.add(
+        "cluster",
+        type_=str,
+        help="A named cluster of clusters.yaml (or registered in this process), reached"
+        " over SSH or slurmrestd; default: this host's Slurm commands.",
+    )
+    return opts
 
 
 class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
@@ -163,32 +198,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
     # -- options -----------------------------------------------------------------------------
 
     def _run_opts(self) -> runopts:
-        opts = runopts()
-        opts.add("partition", type_=str, help="The partition to run the job in.")
-        opts.add(
-            "time",
-            type_=str,
-            help='The maximum time the job is allowed to run for. Formats: "minutes",'
-            ' "minutes:seconds", "hours:minutes:seconds", "days-hours", "days-hours:minutes"'
-            ' or "days-hours:minutes:seconds"',
-        )
-        opts.add("comment", type_=str, help="Comment to set on the slurm job.")
-        opts.add("constraint", type_=str, help="Constraint to use for the slurm job.")
-        opts.add("mail-user", type_=str, help="User to mail on job end.")
-        opts.add("mail-type", type_=str, help="What events to mail users on.")
-        opts.add(
-            "job_dir",
-            type_=str,
-            help="The directory to place the job code and outputs. The directory must not"
-            " exist and will be created (on a named cluster: relative to its remote_dir).",
-        )
-        opts.add(
-            "cluster",
-            type_=str,
-            help="A named cluster of clusters.yaml (or registered in this process), reached"
-            " over SSH or slurmrestd; default: this host's Slurm commands.",
-        )
-        return opts
+        return run_opts()
 
     # -- validation ----------------------------------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""The run options of ``local_cwd`` and ``local_dir``: :func:`run_opts` (what ``shipyard
+runopts local_cwd`` prints and ``runopts.resolve`` checks) and :class:`LocalOpts`, the same
+options as a ``TypedDict`` for type checkers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypedDict
+
+from core.specs import CfgVal, runopts
+
+__all__ = ["LocalOpts", "local_opts", "run_opts"]
+
+
+class LocalOpts(TypedDict, total=False):
+    """The run options of ``local_cwd`` and ``local_dir``, typed (see :func:`run_opts`).
+
+    >>> cfg: LocalOpts = {"log_dir": "/tmp/logs", "prepend_cwd": True}
+    """
+
+    log_dir: str | None
+    prepend_cwd: bool
+    auto_set_cuda_visible_devices: bool
+
+
+def run_opts() -> runopts:
+    """The run options the local schedulers take."""
+    opts = runopts()
+    opts.add("log_dir", type_=str, help="dir to write stdout/stderr log files of replicas")
+    opts.add(
+        "prepend_cwd",
+        type_=bool,
+        default=False,
+        help="if set, prepends CWD to replica's PATH env var making any binaries in CWD"
+        " take precedence over those in PATH",
+    )
+    opts.add(
+        "auto_set_cuda_visible_devices",
+        type_=bool,
+        default=False,
+        help="sets the `CUDA_AVAILABLE_DEVICES` for roles that request GPU resources. Each"
+        " role replica will be assigned one GPU. Does nothing if the device count is less"
+        " than replicas.",
+    )
+    return opts
+
+
+def local_opts(cfg: Mapping[str, CfgVal]) -> LocalOpts:
+    """A resolved cfg (``run_opts().resolve(...)``) as :class:`LocalOpts`.
+
+    Raises:
+        ValueError: ``log_dir`` is not a directory path.
+    """
+    log_dir = cfg.get("log_dir")
+    if log_dir is not None and (not isinstance(log_dir, str) or not log_dir.strip()):
+        raise ValueError(f"cfg.log_dir: expected a directory path, got {log_dir!r}")
+    return LocalOpts(
+        log_dir=log_dir,
+        prepend_cwd=bool(cfg.get("prepend_cwd")),
+        auto_set_cuda_visible_devices=bool(cfg.get("auto_set_cuda_visible_devices")),
+    )
