@@ -12,9 +12,9 @@ or as a subflow: ``run_job("app.yaml")``. Async flows use the ``*_async`` twins.
 
 from __future__ import annotations
 
-from prefect_tasks._jobs import JobCancelledError
 from prefect_tasks.blocks import SlurmCluster
 from prefect_tasks.flows import JobResult, cancel_flow_run_jobs, run_job, run_job_async
+from prefect_tasks.jobs import JobCancelledError
 from prefect_tasks.tasks import (
     cancel_job,
     cancel_job_async,

@@ -25,8 +25,8 @@ from typing import Any
 from prefect import flow
 
 from core.specs import AppHandle, AppState, AppStatus, CfgVal
-from prefect_tasks._jobs import cancel_flow_run_jobs
 from prefect_tasks.blocks import SlurmCluster
+from prefect_tasks.jobs import cancel_flow_run_jobs
 from prefect_tasks.tasks import (
     DEFAULT_CANCEL_CHECK_INTERVAL,
     DEFAULT_POLL_INTERVAL,

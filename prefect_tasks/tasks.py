@@ -5,7 +5,7 @@ Every task is thin over :mod:`core.runner` and passes jobs around by app handle
 another needs.
 
 * :func:`submit_job` re-attaches instead of submitting twice when its task run is retried: it tags
-  the job with a key derived from the task run (see ``_jobs.derive_idempotency_key``).
+  the job with a key derived from the task run (see ``jobs.derive_idempotency_key``).
 * :func:`wait_for_job` streams the job's log lines to the Prefect run logger (one record per line,
   ``role/replica line``), raises :class:`core.runner.AppFailedError` (state, exit codes, last log
   lines) for a job that did not succeed, and cancels the job when the run goes away: a task or
@@ -32,7 +32,7 @@ from prefect.cache_policies import NO_CACHE
 from core.runner import Runner, get_runner
 from core.schedulers import get_scheduler_factories
 from core.specs import AppHandle, AppStatus, CfgVal, parse_app_handle
-from prefect_tasks import _jobs
+from prefect_tasks import jobs, waiting
 from prefect_tasks.blocks import SlurmCluster, use_cluster
 
 __all__ = [
@@ -119,10 +119,10 @@ def _submit(
     idempotency_key: str | None,
 ) -> AppHandle:
     logger = _logger()
-    appdef = _jobs.resolve_app(app)
-    key = idempotency_key or _jobs.derive_idempotency_key(appdef, scheduler, cfg, workspace)
-    _jobs.guard_flow_run()
-    return _jobs.submit(runner, appdef, scheduler, cfg, workspace, key, logger)
+    appdef = jobs.resolve_app(app)
+    key = idempotency_key or jobs.derive_idempotency_key(appdef, scheduler, cfg, workspace)
+    jobs.guard_flow_run()
+    return jobs.submit(runner, appdef, scheduler, cfg, workspace, key, logger)
 
 
 def _with_cluster(
@@ -183,21 +183,21 @@ async def submit_job_async(
     name = await asyncio.to_thread(use_cluster, cluster)
     scheduler, cfg = _with_cluster(scheduler, cfg, name)
     _check_submit_args(scheduler, cfg, workspace, idempotency_key)
-    _jobs.guard_flow_run()  # here: signal handlers can only be set from the main thread
+    jobs.guard_flow_run()  # here: signal handlers can only be set from the main thread
     runner = get_runner()
-    future = _jobs.start_in_thread(
+    future = jobs.start_in_thread(
         lambda: _submit(runner, app, scheduler, cfg, workspace, idempotency_key)
     )
     try:
         return await asyncio.wrap_future(future)
     except BaseException as e:
-        if _jobs.is_interrupt(e):
+        if jobs.is_interrupt(e):
             logger = _logger()
             why = f"interrupted while submitting: {e!r}"
 
             def cleanup(f: Any) -> None:
                 if not f.cancelled() and f.exception() is None:
-                    _jobs._cancel_quietly(runner, f.result(), logger, why)
+                    jobs.cancel_quietly(runner, f.result(), logger, why)
 
             future.add_done_callback(cleanup)
         raise
@@ -210,9 +210,9 @@ async def submit_job_async(
 # --------------------------------------------------------------------------------------------
 
 
-def _start_forwarder(runner: Runner, handle: AppHandle, **kwargs: Any) -> _jobs.LogForwarder:
+def _start_forwarder(runner: Runner, handle: AppHandle, **kwargs: Any) -> waiting.LogForwarder:
     logger = _logger()
-    forwarder = _jobs.LogForwarder(runner, handle, lambda line: logger.info("%s", line), **kwargs)
+    forwarder = waiting.LogForwarder(runner, handle, lambda line: logger.info("%s", line), **kwargs)
     forwarder.start()
     return forwarder
 
@@ -221,7 +221,7 @@ def _finish(
     runner: Runner, handle: AppHandle, status: AppStatus | None, forwarder: Any
 ) -> AppStatus:
     if forwarder is not None:
-        forwarder.stop(_jobs._LOG_DRAIN_TIMEOUT)
+        forwarder.stop(waiting.LOG_DRAIN_TIMEOUT)
     final = runner.check_succeeded(handle, status)  # raises AppFailedError
     _logger().info("%s %s", handle, final.state.name)
     return final
@@ -265,11 +265,11 @@ def wait_for_job(
     _check_wait_args(timeout, poll_interval, cancel_check_interval)
     use_cluster(cluster)
     logger = _logger()
-    watch = _jobs.CancelWatch(cancel_check_interval)
+    watch = waiting.CancelWatch(cancel_check_interval)
     with get_runner() as runner:
         forwarder = _start_forwarder(runner, handle) if stream_logs else None
         try:
-            status = _jobs.wait_sync(
+            status = waiting.wait_sync(
                 runner,
                 handle,
                 timeout=timeout,
@@ -300,11 +300,11 @@ async def wait_for_job_async(
     _check_wait_args(timeout, poll_interval, cancel_check_interval)
     await asyncio.to_thread(use_cluster, cluster)
     logger = _logger()
-    watch = _jobs.CancelWatch(cancel_check_interval)
+    watch = waiting.CancelWatch(cancel_check_interval)
     with get_runner() as runner:
         forwarder = _start_forwarder(runner, handle) if stream_logs else None
         try:
-            status = await _jobs.wait_async(
+            status = await waiting.wait_async(
                 runner,
                 handle,
                 timeout=timeout,
@@ -393,7 +393,7 @@ def stream_job_logs(
     _check_positive(timeout, "timeout")
     _check_positive(cancel_check_interval, "cancel_check_interval")
     use_cluster(cluster)
-    watch = _jobs.CancelWatch(cancel_check_interval)
+    watch = waiting.CancelWatch(cancel_check_interval)
     with get_runner() as runner:
         _check_replica_exists(runner, handle, role, replica)
         forwarder = _start_forwarder(
@@ -406,7 +406,7 @@ def stream_job_logs(
             keep=max_lines,
         )
         try:
-            stopped = _jobs.follow_sync(forwarder, watch, timeout)
+            stopped = waiting.follow_sync(forwarder, watch, timeout)
         finally:
             forwarder.stopping.set()
         return _log_result(forwarder, stopped)
@@ -430,7 +430,7 @@ async def stream_job_logs_async(
     _check_positive(timeout, "timeout")
     _check_positive(cancel_check_interval, "cancel_check_interval")
     await asyncio.to_thread(use_cluster, cluster)
-    watch = _jobs.CancelWatch(cancel_check_interval)
+    watch = waiting.CancelWatch(cancel_check_interval)
     with get_runner() as runner:
         await asyncio.to_thread(_check_replica_exists, runner, handle, role, replica)
         forwarder = _start_forwarder(
@@ -443,13 +443,13 @@ async def stream_job_logs_async(
             keep=max_lines,
         )
         try:
-            stopped = await _jobs.follow_async(forwarder, watch, timeout)
+            stopped = await waiting.follow_async(forwarder, watch, timeout)
         finally:
             forwarder.stopping.set()
         return _log_result(forwarder, stopped)
 
 
-def _log_result(forwarder: _jobs.LogForwarder, stopped: str | None) -> list[str]:
+def _log_result(forwarder: waiting.LogForwarder, stopped: str | None) -> list[str]:
     if forwarder.error is not None:
         raise forwarder.error
     if stopped:
@@ -466,7 +466,7 @@ def _cancel(handle: AppHandle, wait: bool, timeout: float) -> AppStatus | None:
     logger = _logger()
     with get_runner() as runner:
         runner.cancel(handle)
-        _jobs.untrack(handle)
+        jobs.untrack(handle)
         logger.info("cancel requested for %s", handle)
         if not wait:
             return runner.status(handle)

@@ -16,7 +16,7 @@ from core.appfile import app_to_dict
 from core.runner import AppFailedError, Runner, get_runner
 from core.specs import AppState
 from prefect_tasks import JobResult, run_job, submit_job, wait_for_job
-from prefect_tasks._jobs import STATUS_ERRORS_TOLERATED
+from prefect_tasks.waiting import STATUS_ERRORS_TOLERATED
 from tests.prefect_tasks.helpers import apps_named, flow_run_logs, sh_app, task_runs, wait_until
 
 

@@ -19,7 +19,7 @@ from prefect_tasks import (
     submit_job,
     wait_for_job,
 )
-from prefect_tasks._jobs import derive_idempotency_key, resolve_app
+from prefect_tasks.jobs import derive_idempotency_key, resolve_app
 from tests.prefect_tasks.helpers import (
     apps_named,
     assert_no_running_job,

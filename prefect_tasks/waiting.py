@@ -1,397 +1,41 @@
-"""The machinery behind the Prefect tasks, thin over :mod:`core.runner`.
+"""Waiting on Shipyard jobs from Prefect tasks, thin over :mod:`core.runner`.
 
-* :func:`resolve_app` turns an ``AppDef``, a dict or a YAML path into an ``AppDef``.
-* :func:`derive_idempotency_key` gives a key that is the same on every retry of a task run (and on
-  every retry of its flow run), and :func:`submit` uses it so that a retry re-attaches to the job
-  its earlier attempt started instead of submitting a second one.
 * :class:`CancelWatch` notices that the run is going away while a task waits on a job: Prefect's
   thread-pool task runner shutting down (a flow timeout, a flow that failed or returned, SIGTERM to
   the flow process), the flow's own timeout passing, or the flow run (or a parent) being cancelled
   through the API.
-* :func:`guard_flow_run` covers the time between submitting and waiting: a SIGTERM guard and
-  ``on_crashed`` / ``on_cancellation`` hooks that cancel the flow run's unfinished jobs.
 * :class:`LogForwarder` sends a job's log lines to a logger, one record per line, as they arrive.
 * :class:`StatusHub` polls the status of every job waited on in the process in one loop (one
   ``status_many`` call per round).
 * :func:`wait_sync` / :func:`wait_async` follow the job to a final state and cancel it when they
-  are interrupted (task or flow timeout, cancellation, SIGTERM, Ctrl-C).
-
-Everything is addressed by app handle, so any process can pick a job up again.
+  are interrupted (task or flow timeout, cancellation, SIGTERM, Ctrl-C); :func:`follow_sync` /
+  :func:`follow_async` wait for a log forwarder the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
-import contextvars
-import hashlib
-import json
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from core.runner import LogLine, Runner, get_runner
-from core.specs import AppDef, AppHandle, AppState, AppStatus, CfgVal
+from core.specs import AppHandle, AppStatus
+from prefect_tasks.jobs import JobCancelledError, cancel_quietly, is_interrupt, untrack
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-#: how many failed jobs of one task run are skipped before giving up looking for a live one
-MAX_GENERATIONS = 1000
 #: longest uninterrupted sleep while waiting: bounds how late an injected exception (Prefect's
 #: timeout in a worker thread) or a set cancel event is noticed
 _NAP = 0.2
 #: consecutive failed status polls tolerated (a backend hiccup) before the wait fails
 STATUS_ERRORS_TOLERATED = 3
 #: how long a finished job's log forwarder gets to deliver its last lines
-_LOG_DRAIN_TIMEOUT = 30.0
-
-
-class JobCancelledError(RuntimeError):
-    """A task stopped waiting and cancelled its job because the run was going away.
-
-    Attributes:
-        handle: the cancelled job's app handle
-        reason: why (the flow run was cancelled, the flow timed out ...)
-    """
-
-    def __init__(self, handle: str, reason: str) -> None:
-        self.handle = handle
-        self.reason = reason
-        super().__init__(f"cancelled app {handle}: {reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.handle, self.reason))
-
-
-# --------------------------------------------------------------------------------------------
-# apps and keys
-# --------------------------------------------------------------------------------------------
-
-
-def resolve_app(app: Any) -> AppDef:
-    """An ``AppDef`` from an ``AppDef``, a dict (as in an app file) or a YAML path or text.
-
-    Raises:
-        ValueError: naming the bad field (``core.appfile.AppFileError`` for dicts and files).
-    """
-    if isinstance(app, AppDef):
-        return app
-    from core import appfile
-
-    if isinstance(app, Mapping):
-        return appfile.app_from_dict(dict(app))
-    if isinstance(app, str | os.PathLike):
-        return appfile.load_app(app)
-    raise ValueError(
-        f"app: expected an AppDef, a dict or the path of a YAML app file, got {type(app).__name__}"
-    )
-
-
-def _app_digest(
-    app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal] | None, workspace: Any
-) -> str:
-    from core.appfile import app_to_dict
-
-    try:
-        app_data: Any = app_to_dict(app)
-    except Exception:  # an app the file format cannot express still gets a stable digest
-        app_data = repr(app)
-    text = json.dumps(
-        {"app": app_data, "scheduler": scheduler, "cfg": dict(cfg or {}), "workspace": workspace},
-        sort_keys=True,
-        default=repr,
-    )
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-_KEYS_LOCK = threading.Lock()
-#: calls so far per (flow run, flow run attempt, task key, app digest)
-_CALL_INDEX: dict[tuple[str, int, str, str], int] = {}
-#: keys already given out, by task run id: a retry of the task run gets the same one
-_TASK_RUN_KEYS: collections.OrderedDict[Any, str] = collections.OrderedDict()
-_MAX_REMEMBERED = 10000
-
-
-def derive_idempotency_key(
-    app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal] | None, workspace: str | None
-) -> str | None:
-    """The idempotency key of the current Prefect task run, or None outside a task run.
-
-    Made of the flow run id, the task's key, a digest of what is submitted and the index of this
-    call among the calls of the same task with the same app in this attempt of the flow run. So it
-    is the same on every retry of the task run (remembered by task run id) and of the flow run
-    (even in another process, as long as the flow submits in the same order), and different for
-    every other call. (Prefect's own ``dynamic_key`` is random per task run in Prefect 3.7.)
-    """
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    ctx = TaskRunContext.get()
-    if ctx is None:
-        return None
-    tr = ctx.task_run
-    with _KEYS_LOCK:
-        known = _TASK_RUN_KEYS.get(tr.id)
-        if known is not None:
-            return known
-        digest = _app_digest(app, scheduler, cfg, workspace)
-        if tr.flow_run_id is None:
-            ident = f"{tr.id}/{digest}"
-        else:
-            fctx = FlowRunContext.get()
-            attempt = 0
-            if (
-                fctx is not None
-                and fctx.flow_run is not None
-                and fctx.flow_run.id == tr.flow_run_id
-            ):
-                attempt = fctx.flow_run.run_count
-            ns = (str(tr.flow_run_id), attempt, tr.task_key, digest)
-            index = _CALL_INDEX.get(ns, 0)
-            _CALL_INDEX[ns] = index + 1
-            ident = f"{tr.flow_run_id}/{tr.task_key}/{digest}/{index}"
-        key = "prefect-" + hashlib.sha256(ident.encode()).hexdigest()[:32]
-        _TASK_RUN_KEYS[tr.id] = key
-        while len(_TASK_RUN_KEYS) > _MAX_REMEMBERED:
-            _TASK_RUN_KEYS.popitem(last=False)
-        return key
-
-
-def _generation_key(key: str, generation: int) -> str:
-    return key if generation == 0 else f"{key}-{generation}"
-
-
-def submit(
-    runner: Runner,
-    app: AppDef,
-    scheduler: str,
-    cfg: Mapping[str, CfgVal] | None,
-    workspace: str | None,
-    key: str | None,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> AppHandle:
-    """Submits ``app`` unless a job with ``key`` is already running or succeeded.
-
-    A job of the key that failed or was cancelled is what a retry is for: it is skipped and the
-    app is submitted again under the next generation of the key (``key-1``, ``key-2`` ...), so a
-    retry after a crash re-attaches and a retry after a failure runs the job again, but no attempt
-    ever submits twice.
-    """
-    if key is None:
-        return _submit_tracked(runner, app, scheduler, cfg, workspace, None, logger)
-    for generation in range(MAX_GENERATIONS):
-        gkey = _generation_key(key, generation)
-        found = runner.find(scheduler, gkey, cfg)
-        if found is None:
-            return _submit_tracked(runner, app, scheduler, cfg, workspace, gkey, logger)
-        status = runner.status(found)
-        if status is None or (status.is_terminal() and status.state != AppState.SUCCEEDED):
-            state = status.state.name if status else "gone"
-            logger.info("earlier attempt's job %s is %s; submitting a new one", found, state)
-            continue
-        track(found)
-        logger.info("re-attaching to %s (%s, idempotency key %s)", found, status.state.name, gkey)
-        return found
-    raise RuntimeError(f"idempotency key {key}: {MAX_GENERATIONS} failed jobs, giving up")
-
-
-def _submit_tracked(
-    runner: Runner,
-    app: AppDef,
-    scheduler: str,
-    cfg: Mapping[str, CfgVal] | None,
-    workspace: str | None,
-    key: str | None,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> AppHandle:
-    """Submits and tracks the job; interrupted on the way (SIGTERM, a timeout), cancels it."""
-    handle: AppHandle | None = None
-    try:
-        handle = runner.run(app, scheduler, cfg, workspace, idempotency_key=key)
-        track(handle)
-        logger.info("submitted %s (idempotency key %s)", handle, key)
-        return handle
-    except BaseException as e:
-        if is_interrupt(e):
-            # the job may exist without our knowing its handle yet: find it by key
-            if handle is None and key is not None:
-                handle = runner.find(scheduler, key, cfg)
-            _cancel_quietly(runner, handle, logger, f"interrupted while submitting: {e!r}")
-        raise
-
-
-def _cancel_quietly(
-    runner: Runner,
-    handle: AppHandle | None,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    why: str,
-) -> None:
-    """Cancels ``handle`` (if any) without raising: used while another exception propagates."""
-    if handle is None:
-        return
-    try:
-        runner.cancel(handle)
-        logger.warning("cancelled %s (%s)", handle, why)
-    except Exception as e:
-        logger.error("could not cancel %s (%s): %s", handle, why, e)
-    untrack(handle)
-
-
-# --------------------------------------------------------------------------------------------
-# jobs started by this process, by flow run (for flow-level hooks)
-# --------------------------------------------------------------------------------------------
-
-_TRACKED: dict[str, set[str]] = {}
-# re-entrant: the SIGTERM guard runs in the main thread, maybe while it holds the lock
-_TRACKED_LOCK = threading.RLock()
-
-
-def current_flow_run_id() -> str | None:
-    """The id of the flow run the caller runs in (directly or in one of its tasks), or None."""
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    tctx = TaskRunContext.get()
-    if tctx is not None and tctx.task_run.flow_run_id is not None:
-        return str(tctx.task_run.flow_run_id)
-    fctx = FlowRunContext.get()
-    if fctx is not None and fctx.flow_run is not None:
-        return str(fctx.flow_run.id)
-    return None
-
-
-def track(handle: AppHandle) -> None:
-    """Remembers that the current flow run started ``handle`` (until it is seen final)."""
-    flow_run_id = current_flow_run_id()
-    if flow_run_id is None:
-        return
-    with _TRACKED_LOCK:
-        _TRACKED.setdefault(flow_run_id, set()).add(handle)
-
-
-def untrack(handle: AppHandle) -> None:
-    """Forgets ``handle`` (it reached a final state or was cancelled)."""
-    with _TRACKED_LOCK:
-        for handles in _TRACKED.values():
-            handles.discard(handle)
-
-
-def tracked(flow_run_id: str) -> list[str]:
-    """Handles started by ``flow_run_id`` in this process and not yet seen final."""
-    with _TRACKED_LOCK:
-        return sorted(_TRACKED.get(flow_run_id, ()))
-
-
-def cancel_tracked(
-    runner: Runner, flow_run_id: str, logger: logging.Logger | logging.LoggerAdapter[Any], why: str
-) -> list[str]:
-    """Cancels every job ``flow_run_id`` started in this process that is not known to be final."""
-    with _TRACKED_LOCK:
-        handles = sorted(_TRACKED.pop(flow_run_id, ()))
-    for handle in handles:
-        _cancel_quietly(runner, handle, logger, why)
-    return handles
-
-
-def cancel_flow_run_jobs(flow: Any, flow_run: Any, state: Any) -> None:
-    """Flow hook: cancels the jobs ``flow_run`` submitted in this process and not yet seen end.
-
-    :func:`guard_flow_run` adds it to ``on_crashed`` and ``on_cancellation`` of every flow that
-    submits a job; add it to ``on_failure`` to cancel the jobs of a failed flow run too. The
-    waiting tasks cancel their own jobs; this covers the jobs not (or not yet) waited on, e.g.
-    when SIGTERM arrives between ``submit_job`` and ``wait_for_job``.
-    """
-    from prefect.logging import get_logger
-
-    with get_runner() as runner:
-        cancel_tracked(
-            runner,
-            str(flow_run.id),
-            get_logger("prefect_tasks"),
-            f"flow run {flow_run.name} is {state.name}",
-        )
-
-
-class _SigtermGuard:
-    """A SIGTERM handler that cancels the unfinished jobs of some flow runs, then passes the
-    signal on to the handler it replaced (Prefect's, which raises ``TerminationSignal``).
-
-    Needed because on a plain SIGTERM Prefect 3.7 tears the process down (it re-sends the signal
-    with the default action once the flow's task runner has shut down) without running the
-    flow's ``on_crashed`` hooks: a job submitted but not yet waited on would be left running.
-    """
-
-    def __init__(self, previous: Any) -> None:
-        self.previous = previous
-        self.flow_run_ids: set[str] = set()
-
-    def __call__(self, signum: int, frame: Any) -> Any:
-        handles = [h for fr in sorted(self.flow_run_ids) for h in tracked(fr)]
-        if handles:
-            from prefect.logging import get_logger
-
-            logger = get_logger("prefect_tasks")
-            with get_runner() as runner:
-                for handle in handles:
-                    _cancel_quietly(runner, handle, logger, f"got {signal.Signals(signum).name}")
-        previous = self.previous
-        if callable(previous):
-            return previous(signum, frame)
-        if previous == signal.SIG_IGN:
-            return None
-        # the default action: terminate, as if we had not been here
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return None
-
-
-def _guard_sigterm(flow_run_id: str) -> None:
-    """Puts the current flow run under a :class:`_SigtermGuard` (main thread only).
-
-    Prefect restores its own handler when the flow run ends, which drops the guard with it.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        current = signal.getsignal(signal.SIGTERM)
-        if isinstance(current, _SigtermGuard):
-            current.flow_run_ids.add(flow_run_id)
-            return
-        if current is None or current == signal.SIG_IGN:
-            return  # a handler not set from Python, or an ignored signal: leave it alone
-        guard = _SigtermGuard(current)
-        guard.flow_run_ids.add(flow_run_id)
-        signal.signal(signal.SIGTERM, guard)
-    except (ValueError, OSError):  # not the main interpreter
-        return
-
-
-def guard_flow_run() -> None:
-    """Makes sure the running flow cancels its unfinished jobs when it goes away.
-
-    * SIGTERM: a :class:`_SigtermGuard` (when called from the main thread, as a flow script's
-      tasks are, unless started with ``.submit()``; waiting tasks cover the rest).
-    * a crash (Ctrl-C) or a cancellation by its runner or worker: :func:`cancel_flow_run_jobs`
-      is appended to the flow's ``on_crashed`` and ``on_cancellation`` hooks (once; it does
-      nothing for a run without unfinished jobs).
-    """
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    flow_run_id = current_flow_run_id()
-    if flow_run_id is not None:
-        _guard_sigterm(flow_run_id)
-    flow = getattr(ctx, "flow", None)
-    for attr in ("on_crashed_hooks", "on_cancellation_hooks"):
-        hooks = getattr(flow, attr, None)
-        if isinstance(hooks, list) and cancel_flow_run_jobs not in hooks:
-            hooks.append(cancel_flow_run_jobs)
+LOG_DRAIN_TIMEOUT = 30.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,6 +57,21 @@ def _flow_deadline(fctx: Any) -> tuple[float, float] | None:
         return None
     elapsed = (datetime.now(UTC) - started).total_seconds()
     return time.monotonic() + float(timeout) - max(elapsed, 0.0), float(timeout)
+
+
+def task_cancel_event(task_runner: Any, task_run_id: Any) -> threading.Event | None:
+    """The cancel event Prefect's ``ThreadPoolTaskRunner`` made for a ``.submit()``-ed task run
+    (set by its ``cancel_all()``), or None.
+
+    The one place that reads a library's private state: Prefect 3.7 hands the event only to its
+    own task engine (``TaskRunEngine.is_cancelled``) and offers no public way to it, and without
+    it a task started with ``.submit()`` would not notice its flow's task runner shutting down
+    (the flow failed or returned while the task ran, or the flow process got SIGTERM) and would
+    leave its job running. Any other task runner (or a Prefect without the attribute) gets None.
+    """
+    events = getattr(task_runner, "_cancel_events", None)
+    event = events.get(task_run_id) if isinstance(events, Mapping) else None
+    return event if isinstance(event, threading.Event) else None
 
 
 class CancelWatch:
@@ -443,12 +102,7 @@ class CancelWatch:
         fctx = FlowRunContext.get()
         if tctx is not None:
             self.flow_run_id = tctx.task_run.flow_run_id
-            runner = getattr(fctx, "task_runner", None) if fctx is not None else None
-            events = getattr(runner, "_cancel_events", None)
-            if isinstance(events, Mapping):
-                event = events.get(tctx.task_run.id)
-                if isinstance(event, threading.Event):
-                    self.event = event
+            self.event = task_cancel_event(getattr(fctx, "task_runner", None), tctx.task_run.id)
         elif fctx is not None and fctx.flow_run is not None:
             self.flow_run_id = fctx.flow_run.id
         self.flow_deadline = _flow_deadline(fctx) if fctx is not None else None
@@ -623,13 +277,6 @@ class LogForwarder(threading.Thread):
 # --------------------------------------------------------------------------------------------
 
 
-def is_interrupt(exc: BaseException) -> bool:
-    """True for what ends a run from outside: timeouts and cancellation (Prefect's and asyncio's),
-    SIGTERM (Prefect's ``TerminationSignal``), Ctrl-C and exit. False for ordinary errors, which
-    leave the job running so that a retry can re-attach to it."""
-    return not isinstance(exc, Exception) and not isinstance(exc, GeneratorExit)
-
-
 class StatusHub:
     """One status poll loop per process for every job a task waits on.
 
@@ -794,7 +441,7 @@ def _timed_out(
 ) -> TimeoutError:
     msg = f"app {handle} still running after {timeout}s"
     if cancel_on_timeout:
-        _cancel_quietly(runner, handle, logger, f"wait timeout of {timeout}s")
+        cancel_quietly(runner, handle, logger, f"wait timeout of {timeout}s")
         msg += "; cancelled it"
     return TimeoutError(msg)
 
@@ -846,11 +493,11 @@ def wait_sync(
                 if reason is None and watch.api_due():
                     reason = watch.api_reason()
                 if reason:
-                    _cancel_quietly(runner, handle, logger, reason)
+                    cancel_quietly(runner, handle, logger, reason)
                     raise JobCancelledError(handle, reason)
     except BaseException as e:
         if is_interrupt(e):
-            _cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
+            cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
         raise
 
 
@@ -882,12 +529,12 @@ async def wait_async(
                 if reason is None and watch.api_due():
                     reason = await asyncio.to_thread(watch.api_reason)
                 if reason:
-                    _cancel_quietly(runner, handle, logger, reason)
+                    cancel_quietly(runner, handle, logger, reason)
                     raise JobCancelledError(handle, reason)
     except BaseException as e:
         if is_interrupt(e):
             # blocking on purpose: the cancel must be sent before the task is torn down
-            _cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
+            cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
         raise
 
 
@@ -919,29 +566,3 @@ async def follow_async(
             return f"timeout of {timeout}s"
         await asyncio.sleep(_NAP)
     return None
-
-
-# --------------------------------------------------------------------------------------------
-# async helpers
-# --------------------------------------------------------------------------------------------
-
-
-def start_in_thread(fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-    """Runs ``fn`` in a new daemon thread with a copy of the current context; returns its future.
-
-    Unlike ``asyncio.to_thread`` the future's callbacks run even when the event loop is gone,
-    which lets an interrupted caller clean up after a call that was still in flight.
-    """
-    future: concurrent.futures.Future[T] = concurrent.futures.Future()
-    ctx = contextvars.copy_context()
-
-    def target() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(ctx.run(fn))
-        except BaseException as e:
-            future.set_exception(e)
-
-    threading.Thread(target=target, daemon=True, name="shipyard-call").start()
-    return future
