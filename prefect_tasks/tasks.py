@@ -31,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 
 from core.runner import Runner, get_runner
 from core.schedulers import get_scheduler_factories
-from core.specs import AppHandle, AppStatus, CfgVal, parse_app_handle
+from core.specs import AppHandle, AppStatus, Cfg, parse_app_handle
 from prefect_tasks import jobs, waiting
 from prefect_tasks.blocks import SlurmCluster, use_cluster
 
@@ -114,7 +114,7 @@ def _submit(
     runner: Runner,
     app: Any,
     scheduler: str,
-    cfg: Mapping[str, CfgVal] | None,
+    cfg: Cfg | None,
     workspace: str | None,
     idempotency_key: str | None,
 ) -> AppHandle:
@@ -126,8 +126,8 @@ def _submit(
 
 
 def _with_cluster(
-    scheduler: str | None, cfg: Mapping[str, CfgVal] | None, cluster_name: str | None
-) -> tuple[str, Mapping[str, CfgVal] | None]:
+    scheduler: str | None, cfg: Cfg | None, cluster_name: str | None
+) -> tuple[str, Cfg | None]:
     """The scheduler and cfg of a submission to ``cluster_name`` (if any)."""
     if cluster_name is None:
         return ("local_cwd" if scheduler is None else scheduler), cfg
@@ -138,7 +138,7 @@ def _with_cluster(
 def submit_job(
     app: Any,
     scheduler: str | None = None,
-    cfg: Mapping[str, CfgVal] | None = None,
+    cfg: Cfg | None = None,
     workspace: str | None = None,
     idempotency_key: str | None = None,
     cluster: SlurmCluster | str | None = None,
@@ -171,7 +171,7 @@ def submit_job(
 async def submit_job_async(
     app: Any,
     scheduler: str | None = None,
-    cfg: Mapping[str, CfgVal] | None = None,
+    cfg: Cfg | None = None,
     workspace: str | None = None,
     idempotency_key: str | None = None,
     cluster: SlurmCluster | str | None = None,
