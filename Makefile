@@ -1,4 +1,4 @@
-.PHONY: demo test setup services lint bench
+.PHONY: demo test setup services lint sizes bench
 
 demo:          ## run the demo on the embedded local scheduler, Airflow's SQLite and Prefect's temporary server
 	bash scripts/demo.sh
@@ -14,6 +14,9 @@ services:
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy core airflow_provider prefect_tasks
+
+sizes:         ## no function over 80 lines, no module over 800, unless a `# size: reason` says why
+	.venv/bin/python scripts/check_sizes.py core airflow_provider prefect_tasks
 
 bench:         ## benchmarks beside their physical limits (needs the services)
 	.venv/bin/python -m bench
