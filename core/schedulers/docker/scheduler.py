@@ -118,7 +118,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         images must be present on the engine (they are never pulled). If anything fails, every
         container and the network created so far are removed before the error is raised.
         """
-        job, app = dryrun_info.request, dryrun_info._app
+        job, app = dryrun_info.request, dryrun_info.app
         api, pool = self._api, self._executor()
         self.push_images(dryrun_info._images_to_push)
         submit.check_images(api, pool, job, app)

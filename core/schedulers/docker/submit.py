@@ -142,7 +142,7 @@ def start_job(
             raise SubmitError(f"creating {len(created)} containers took past the submit deadline")
         _parallel(pool, api.start, created)
     except BaseException as e:
-        _remove_partial(api, job, created)
+        _remove_partial(api, job)
         raise _submit_error(job, e) from e
 
 
@@ -162,18 +162,18 @@ def _parallel(
     return [f.result() for f in futures]
 
 
-def _remove_partial(api: Any, job: DockerJob, created: list[str]) -> None:
-    """Removes what a failed submission created (its containers, by name too: a create may have
+def _remove_partial(api: Any, job: DockerJob) -> None:
+    """Removes what a failed submission created: its containers, by name (a create may have
     succeeded in the engine after its call failed here), and its network."""
     from docker.errors import NotFound
 
-    for ref in created + [str(c.kwargs["name"]) for c in job.containers]:
+    for c in job.containers:
         try:
-            api.remove_container(ref, force=True)
+            api.remove_container(str(c.kwargs["name"]), force=True)
         except NotFound:
             pass
         except Exception:
-            log.warning("could not remove container %s", ref, exc_info=True)
+            log.warning("could not remove container %s", c.kwargs["name"], exc_info=True)
     if job.network:
         remove_network(api, job.network)
 
