@@ -14,6 +14,7 @@ services:
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy core airflow_provider prefect_tasks
+	.venv/bin/python scripts/check_sizes.py core airflow_provider prefect_tasks
 
 sizes:         ## no function over 80 lines, no module over 800, unless a `# size: reason` says why
 	.venv/bin/python scripts/check_sizes.py core airflow_provider prefect_tasks

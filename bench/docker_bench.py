@@ -101,13 +101,14 @@ def run(ctx: Ctx) -> list[Row]:
     import docker
 
     from core.runner import get_runner
+    from core.schedulers import get_scheduler_factories
     from core.schedulers.docker.submit import create_args
     from core.specs import AppState, BindMount
 
     client = docker.from_env()
     api = client.api
     runner = get_runner(SESSION)
-    sched: Any = runner._scheduler("local_docker")
+    sched: Any = get_scheduler_factories()["local_docker"](SESSION)
     cfg: dict[str, Any] = {"stop_timeout": GRACE}
 
     # -- submit ------------------------------------------------------------------------------

@@ -162,13 +162,14 @@ def run(ctx: Ctx) -> list[Row]:
 def _rows(
     ctx: Ctx, sec: Section, runner: Any, transport: str, cluster: str, raw_ssh: RawSSH
 ) -> None:
+    from core.schedulers import get_scheduler_factories
     from core.specs import AppState, is_terminal
 
-    sched = runner._scheduler("slurm")
+    sched: Any = get_scheduler_factories()["slurm"](SESSION)
     cfg = {"cluster": cluster}
-    client = sched._client(cluster)
+    client = sched.client(cluster)
     raw_rest = RawREST() if transport == "rest" else None
-    workdir = sched._default_dir(cluster)
+    workdir = sched.default_dir(cluster)
 
     def cancel(*job_ids: str) -> None:
         for j in job_ids:

@@ -134,11 +134,12 @@ def run(ctx: Ctx) -> list[Row]:
 
 def _run(ctx: Ctx, sec: Section) -> None:
     from core.runner import get_runner
+    from core.schedulers import get_scheduler_factories
     from core.schedulers.slurm.jobinfo import SQUEUE_FORMAT
     from core.specs import AppState, is_terminal
 
     runner = get_runner(SESSION)
-    sched = runner._scheduler("slurm")
+    sched = get_scheduler_factories()["slurm"](SESSION)
     counter = CallCounter(ctx.tmp)
 
     def squeue_raw(ids: list[str]) -> subprocess.CompletedProcess[str]:

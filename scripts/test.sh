@@ -13,5 +13,7 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy core airflow_provider prefect_tasks
+echo "== sizes"
+.venv/bin/python scripts/check_sizes.py core airflow_provider prefect_tasks
 echo "== pytest"
 .venv/bin/pytest "$@"

@@ -349,7 +349,7 @@ def test_racing_submitters_with_one_key_start_one_job(cluster: Cluster, tmp_path
     cluster.jobs.append(app_id)
     assert cluster.wait_done(app_id).state == AppState.SUCCEEDED
     # exactly one job carries the key; every other submission was cancelled before it ran
-    jobs = cluster.sched._client(cluster.name).user_jobs()
+    jobs = cluster.sched.client(cluster.name).user_jobs()
     from core.schedulers.slurm.script import comment_key, key_token
 
     with_key = [j for j, info in jobs.items() if comment_key(info.comment) == key_token(key)]
@@ -370,8 +370,8 @@ def test_a_held_job_of_a_crashed_submitter_is_finished_by_the_retry(cluster: Clu
                  metadata={IDEMPOTENCY_KEY: key})  # fmt: skip
     sched = cluster.sched
     req = sched.submit_dryrun(app, cluster.cfg()).request
-    client = sched._client(cluster.name)
-    orphan = client.submit(req, req.job_dir or sched._default_dir(cluster.name), hold=True)
+    client = sched.client(cluster.name)
+    orphan = client.submit(req, req.job_dir or sched.default_dir(cluster.name), hold=True)
     orphan_id = f"{cluster.name}:{orphan}" if cluster.name else orphan
     cluster.jobs.append(orphan_id)
     d = sched.describe(orphan_id)

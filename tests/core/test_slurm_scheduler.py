@@ -117,7 +117,7 @@ def _accounted(cluster: Cluster, app_id: str, components: int) -> Any:
     job_id = cluster.job_id(app_id)
 
     def check() -> Any:
-        client = cluster.sched._client(cluster.name)
+        client = cluster.sched.client(cluster.name)
         info = (client.accounting_jobs([job_id]) or {}).get(job_id)
         if info is None or len(info.components) != components:
             return None
@@ -642,7 +642,7 @@ def test_describe_many_is_one_controller_call(
 ) -> None:
     ids = [cluster.submit(_two_role_app(trainer="sleep 30", ps="sleep 30")) for _ in range(2)]
     unknown = ids[0].replace(cluster.job_id(ids[0]), "999999998")
-    client = cluster.sched._client(cluster.name)
+    client = cluster.sched.client(cluster.name)
     asked: list[tuple[str, list[str]]] = []
     for method in ("controller_jobs", "accounting_jobs"):
         real = getattr(client, method)
@@ -768,7 +768,7 @@ def test_describe_without_accounting_falls_back_to_the_controller(
     monkeypatch.setenv("SLURM_CONF", str(noacct))
     sched = create_scheduler("noacct")
     assert (
-        sched._client(None).accounting_jobs([job_id]) is None
+        sched.client(None).accounting_jobs([job_id]) is None
     )  # sacct: accounting storage is disabled
     d = sched.describe(job_id)
     assert d is not None and d.state == AppState.FAILED

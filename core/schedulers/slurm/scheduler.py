@@ -156,7 +156,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 self._clusters[name] = found
         return found
 
-    def _client(self, cluster: str | None) -> SlurmClient:
+    def client(self, cluster: str | None) -> SlurmClient:
+        """The transport to ``cluster`` (``None``: this host's Slurm commands), made once."""
         with self._lock:
             client = self._clients.get(cluster)
         if client is None:
@@ -165,7 +166,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 client = self._clients.setdefault(cluster, client)
         return client
 
-    def _default_dir(self, cluster: str | None) -> str | None:
+    def default_dir(self, cluster: str | None) -> str | None:
         """Where a job without ``job_dir`` runs: this process's directory (this host's
         cluster) or the cluster's ``remote_dir`` (relative to the login user's home)."""
         if cluster not in self._default_dirs:
@@ -175,7 +176,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 config = self._cluster(cluster)
                 path = config.remote_dir or "shipyard"
                 if not path.startswith("/"):
-                    path = posixpath.join(_home(self._client(cluster)), path)
+                    path = posixpath.join(_home(self.client(cluster)), path)
             self._default_dirs[cluster] = path
         return self._default_dirs[cluster]
 
@@ -185,11 +186,11 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         if cluster in self._probed:
             return
         config = self._cluster(cluster)
-        client = self._client(cluster)
+        client = self.client(cluster)
         try:
             if config.transport == "rest":
                 client.partitions()
-            self._default_dir(cluster)
+            self.default_dir(cluster)
         except TransportError as e:
             where = "rest_url" if config.transport == "rest" else "host"
             raise ClusterError(f"cluster {cluster!r}: {where}: {e}") from None
@@ -217,7 +218,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             self._probe(cluster)
         job_dir = self._job_dir(cfg)
         if job_dir and job_dir not in self._created_job_dirs:
-            files = self._client(cluster).files or LocalFiles()
+            files = self.client(cluster).files or LocalFiles()
             if files.exists(job_dir):
                 raise ValueError(
                     f"cfg.job_dir: must not exist (it is created), but {job_dir} exists"
@@ -230,7 +231,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         cluster = _cfg_cluster(cfg)
         if cluster is None:
             return os.path.abspath(str(value))
-        base = self._default_dir(cluster) or "/"
+        base = self.default_dir(cluster) or "/"
         return posixpath.normpath(posixpath.join(base, str(value)))
 
     # -- workspace -----------------------------------------------------------------------------
@@ -250,7 +251,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         job_dir = self._job_dir(cfg)
         if not job_dir:
             return
-        files = _files_or_fail(self._client(cluster), cluster, "job_dir snapshots")
+        files = _files_or_fail(self.client(cluster), cluster, "job_dir snapshots")
         if not files.mkdir(job_dir, parents=True):
             raise ValueError(f"cfg.job_dir: must not exist (it is created), but {job_dir} exists")
         count = _upload(files, workspace, job_dir)
@@ -268,7 +269,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         cluster = _cfg_cluster(cfg)
         if cluster not in self._partitions:
             try:
-                self._partitions[cluster] = self._client(cluster).partitions()
+                self._partitions[cluster] = self.client(cluster).partitions()
             except TransportError as e:
                 log.debug("partition sizes unknown: %s", e)
                 self._partitions[cluster] = ({}, None)
@@ -290,7 +291,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             user_comment = str(cfg.get("comment") or "")
             mark = key_mark(str(key))
             job_cfg["comment"] = f"{user_comment} {mark}" if user_comment else mark
-        img_root = job_dir or self._default_dir(cluster) or os.getcwd()
+        img_root = job_dir or self.default_dir(cluster) or os.getcwd()
         replicas: dict[str, SlurmReplicaRequest] = {}
         for role in app.roles:
             for replica_id in range(role.num_replicas):
@@ -322,8 +323,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             RuntimeError: the submission failed for another reason.
         """
         req = dryrun_info.request
-        client = self._client(req.cluster)
-        workdir = req.job_dir or self._default_dir(req.cluster)
+        client = self.client(req.cluster)
+        workdir = req.job_dir or self.default_dir(req.cluster)
         created = self._prepare_workdir(client, req, workdir)
         try:
             job_id = client.submit(req, workdir, hold=bool(req.key))
@@ -406,7 +407,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 groups.setdefault(parts[0], []).append(parts[1])
         found: dict[str, JobInfo] = {}
         for cluster, ids in groups.items():
-            for job_id, info in _describe_jobs(self._client(cluster), ids).items():
+            for job_id, info in _describe_jobs(self.client(cluster), ids).items():
                 app_id = _join(cluster, job_id)
                 found[app_id] = info
                 if info.workdir:
@@ -430,7 +431,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         """The user's Slurm jobs on the cluster of ``cfg`` (default this host's): those the
         controller knows plus today's from accounting."""
         cluster = _cfg_cluster(cfg or {})
-        client = self._client(cluster)
+        client = self.client(cluster)
         out = {a: app_state(j.state) for a, j in client.user_accounting("now-1days").items()}
         out.update({a: app_state(j.state) for a, j in client.user_jobs().items()})
         ordered = sorted(out.items(), key=lambda kv: int(kv[0]))
@@ -443,7 +444,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         ``cfg``. A job still held because its submitter died before releasing it is released
         (the retry finishes that submit)."""
         cluster = _cfg_cluster(cfg or {})
-        client = self._client(cluster)
+        client = self.client(cluster)
         token = key_token(key)
         jobs = client.user_jobs()
         hits = sorted(int(a) for a, j in jobs.items() if comment_key(j.comment) == token)
@@ -464,7 +465,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         Slurm does not know does nothing."""
         parts = _split(app_id)
         if parts is not None:
-            self._client(parts[0]).cancel(parts[1])
+            self.client(parts[0]).cancel(parts[1])
 
     def _cancel_existing(self, app_id: str) -> None:
         self.cancel(app_id)
@@ -496,7 +497,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         if parts is None:
             raise ValueError(f"app_id: not a slurm app id: {app_id!r}")
         cluster, job_id = parts
-        files = _files_or_fail(self._client(cluster), cluster, "logs")
+        files = _files_or_fail(self.client(cluster), cluster, "logs")
         if app_id not in self._workdirs:
             self._job_infos([app_id])
         workdir = self._workdirs.get(app_id)
