@@ -8,11 +8,14 @@
 ...     return wait_for_job(handle)  # logs stream to the run logger; raises if the job fails
 
 or as a subflow: ``run_job("app.yaml")``. Async flows use the ``*_async`` twins.
+
+Blocks (:class:`ShipyardBackend`, :class:`SlurmCluster`): ``prefect block register -m prefect_tasks``.
+Deployments run as Shipyard jobs on a work pool of type ``shipyard`` (:mod:`prefect_tasks.worker`).
 """
 
 from __future__ import annotations
 
-from prefect_tasks.blocks import SlurmCluster
+from prefect_tasks.blocks import ShipyardBackend, SlurmCluster
 from prefect_tasks.flows import JobResult, cancel_flow_run_jobs, run_job, run_job_async
 from prefect_tasks.jobs import JobCancelledError
 from prefect_tasks.tasks import (
@@ -29,6 +32,7 @@ from prefect_tasks.tasks import (
 __all__ = [
     "JobCancelledError",
     "JobResult",
+    "ShipyardBackend",
     "SlurmCluster",
     "cancel_flow_run_jobs",
     "cancel_job",

@@ -11,19 +11,48 @@ secrets as ``SecretStr`` (stored encrypted by the Prefect server, never logged):
         handle = submit_job("app.yaml", cluster=SlurmCluster.load("hpc1"))
         wait_for_job(handle, cluster=SlurmCluster.load("hpc1"))
 
+:class:`ShipyardBackend` is a whole backend configuration: the scheduler and its default run
+options, the Docker engine and registry credentials, or a :class:`SlurmCluster`. The tasks take it
+(or the name of a saved one) wherever they take ``scheduler``, and the Shipyard worker takes the
+name of one as its ``backend`` job variable::
+
+    ShipyardBackend(scheduler="local_docker", docker_host="tcp://builder:2375",
+                    registry_url="registry.example:5000", registry_username="ci",
+                    registry_password="...").save("builder")
+
+    @flow
+    def build():
+        handle = submit_job("app.yaml", scheduler="builder")   # or ShipyardBackend.load("builder")
+        wait_for_job(handle, cluster="builder")
+
 Register the block types with ``prefect block register -m prefect_tasks``.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
 from core.clusters import ClusterConfig, Secret, register_cluster
+from core.runner import Runner, get_runner
+from core.schedulers import get_scheduler_factories
+from core.specs import Cfg
 
-__all__ = ["SlurmCluster", "use_cluster"]
+__all__ = [
+    "Backend",
+    "ShipyardBackend",
+    "SlurmCluster",
+    "resolve_backend",
+    "runner_for",
+    "use_cluster",
+]
+
+log = logging.getLogger(__name__)
 
 
 class SlurmCluster(Block):
@@ -90,15 +119,168 @@ _SETTINGS = frozenset(
 )  # fmt: skip
 
 
-def use_cluster(cluster: SlurmCluster | str | None) -> str | None:
+def use_cluster(cluster: SlurmCluster | ShipyardBackend | str | None) -> str | None:
     """Registers ``cluster`` (a block, or the name of a saved one) and returns its cluster name;
-    None for None."""
+    None for None (and for a :class:`ShipyardBackend` without a cluster)."""
     if cluster is None:
         return None
     if isinstance(cluster, str):
-        loaded = SlurmCluster.load(cluster)
-        assert isinstance(loaded, SlurmCluster)
-        cluster = loaded
+        cluster = _load(cluster)
+    if isinstance(cluster, ShipyardBackend):
+        return None if cluster.cluster is None else cluster.cluster.register()
     if not isinstance(cluster, SlurmCluster):
         raise ValueError(f"cluster: expected a SlurmCluster block or its name, got {cluster!r}")
     return cluster.register()
+
+
+class ShipyardBackend(Block):
+    """Where Shipyard jobs run: a scheduler with its default run options, and what reaching the
+    backend takes (a Docker engine and registry credentials, or a Slurm cluster)."""
+
+    _block_type_name = "Shipyard Backend"
+    _block_type_slug = "shipyard-backend"
+    _description = (
+        "A Shipyard backend: the scheduler (local_cwd, local_docker, slurm ...), its default run"
+        " options, and the Docker engine, registry credentials or Slurm cluster it uses."
+    )
+
+    scheduler: str = Field(
+        default="local_cwd",
+        description="The scheduler: local_cwd, local_dir, local_docker, slurm or a plugin's name.",
+    )
+    cfg: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Default run options of the scheduler (see `shipyard runopts NAME`).",
+    )
+    docker_host: str | None = Field(
+        default=None,
+        description="The Docker engine's URL (default: DOCKER_HOST, else the local socket).",
+    )
+    registry_url: str | None = Field(
+        default=None, description="A registry to log in to (e.g. registry.example:5000)."
+    )
+    registry_username: str | None = Field(default=None, description="The registry user.")
+    registry_password: SecretStr | None = Field(
+        default=None, description="The registry password or token."
+    )
+    cluster: SlurmCluster | None = Field(
+        default=None,
+        description="A Slurm cluster that is not this host's (the scheduler is then slurm).",
+    )
+
+    def resolve(self, cfg: Cfg | None = None) -> Backend:
+        """The backend with ``cfg`` over the block's default options; registers its cluster.
+
+        Raises:
+            ValueError: naming the field that is not usable.
+        """
+        if self.scheduler not in get_scheduler_factories():
+            raise ValueError(
+                f"scheduler: unknown scheduler {self.scheduler!r}; expected one of"
+                f" {', '.join(get_scheduler_factories())}"
+            )
+        merged: dict[str, Any] = {**self.cfg, **(cfg or {})}
+        if self.cluster is not None:
+            merged.setdefault("cluster", self.cluster.register())
+        if (self.registry_username is None) != (self.registry_password is None):
+            raise ValueError("registry_username and registry_password: give both or neither")
+        return Backend(self.scheduler, merged, self)
+
+    def docker_client(self) -> Any:
+        """A ``docker.DockerClient`` for the block's engine, logged in to its registry."""
+        import docker
+
+        client = (
+            docker.DockerClient(base_url=self.docker_host)
+            if self.docker_host
+            else docker.from_env()
+        )
+        if self.registry_username is not None and self.registry_password is not None:
+            client.login(
+                username=self.registry_username,
+                password=self.registry_password.get_secret_value(),
+                registry=self.registry_url,
+            )
+        return client
+
+    @property
+    def needs_docker_client(self) -> bool:
+        """True when the block sets the Docker engine or registry credentials."""
+        return bool(self.docker_host or self.registry_username)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A resolved backend: the scheduler name, the run options, and the block it came from."""
+
+    scheduler: str | None
+    cfg: Cfg | None
+    block: ShipyardBackend | None = field(default=None, compare=False)
+
+    def runner(self) -> Runner:
+        """A runner that reaches this backend (the block's Docker engine, if it names one)."""
+        block = self.block
+        if block is None or not block.needs_docker_client:
+            return get_runner()
+        factories = dict(get_scheduler_factories())
+        docker_factory = factories.get("local_docker")
+        if docker_factory is None:
+            raise ValueError("docker_host: the local_docker scheduler is not available")
+        client = functools.lru_cache(maxsize=1)(block.docker_client)
+
+        def make_docker(session_name: str, **kwargs: Any) -> Any:
+            return docker_factory(session_name, **{**kwargs, "docker_client": client()})
+
+        factories["local_docker"] = make_docker
+        return get_runner(scheduler_factories=factories)
+
+
+def _load(name: str) -> SlurmCluster | ShipyardBackend:
+    """The saved block called ``name``: a SlurmCluster, else a ShipyardBackend."""
+    for kind in (SlurmCluster, ShipyardBackend):
+        try:
+            loaded = kind.load(name)
+        except ValueError:
+            continue
+        assert isinstance(loaded, SlurmCluster | ShipyardBackend)
+        return loaded
+    raise ValueError(f"no saved Shipyard Slurm Cluster or Shipyard Backend block named {name!r}")
+
+
+def resolve_backend(scheduler: str | ShipyardBackend | None, cfg: Cfg | None = None) -> Backend:
+    """The backend of a ``scheduler`` argument: a scheduler name, a :class:`ShipyardBackend`,
+    or the name of a saved one (a name that is not a scheduler's); ``cfg`` goes over its options.
+
+    Raises:
+        ValueError: an unknown scheduler and no block of that name; a block's bad field.
+    """
+    if scheduler is None or (
+        isinstance(scheduler, str) and (scheduler in get_scheduler_factories() or not scheduler)
+    ):
+        return Backend(scheduler, cfg)
+    if isinstance(scheduler, str):
+        try:
+            block = ShipyardBackend.load(scheduler)
+        except ValueError:
+            raise ValueError(
+                f"scheduler: {scheduler!r} is neither a scheduler ({', '.join(get_scheduler_factories())})"
+                " nor a saved Shipyard Backend block"
+            ) from None
+        assert isinstance(block, ShipyardBackend)
+        scheduler = block
+    if not isinstance(scheduler, ShipyardBackend):
+        raise ValueError(
+            f"scheduler: expected a scheduler name or a ShipyardBackend block, got {scheduler!r}"
+        )
+    return scheduler.resolve(cfg)
+
+
+def runner_for(where: SlurmCluster | ShipyardBackend | str | None) -> Runner:
+    """A runner for the tasks that take a handle and a ``cluster`` argument (a block, or the
+    name of a saved one): registers the cluster; the runner reaches the block's Docker engine."""
+    if isinstance(where, str):
+        where = _load(where)
+    if isinstance(where, ShipyardBackend):
+        return where.resolve().runner()
+    use_cluster(where)
+    return get_runner()

@@ -29,11 +29,17 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from core.runner import Runner, get_runner
+from core.runner import Runner
 from core.schedulers import get_scheduler_factories
 from core.specs import AppHandle, AppStatus, Cfg, parse_app_handle
 from prefect_tasks import jobs, waiting
-from prefect_tasks.blocks import SlurmCluster, use_cluster
+from prefect_tasks.blocks import (
+    ShipyardBackend,
+    SlurmCluster,
+    resolve_backend,
+    runner_for,
+    use_cluster,
+)
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
@@ -137,7 +143,7 @@ def _with_cluster(
 @task(name="shipyard-submit-job", cache_policy=NO_CACHE)
 def submit_job(
     app: Any,
-    scheduler: str | None = None,
+    scheduler: str | ShipyardBackend | None = None,
     cfg: Cfg | None = None,
     workspace: str | None = None,
     idempotency_key: str | None = None,
@@ -147,7 +153,9 @@ def submit_job(
 
     Args:
         app: an ``AppDef``, a dict in the app-file format, or the path of a YAML app file
-        scheduler: ``local_cwd``, ``local_dir``, ``local_docker``, ``slurm`` or a plugin's name
+        scheduler: ``local_cwd``, ``local_dir``, ``local_docker``, ``slurm`` or a plugin's name;
+            or a :class:`~prefect_tasks.blocks.ShipyardBackend` block (or the name of a saved
+            one), whose default ``cfg`` the given ``cfg`` goes over
         cfg: the scheduler's run options (see ``shipyard runopts``)
         workspace: a directory (or fsspec URL) to run the job from, where the scheduler supports it
         idempotency_key: overrides the key derived from the task run. A job already submitted
@@ -161,16 +169,17 @@ def submit_job(
     Raises:
         ValueError: bad input, naming the field, before anything is submitted.
     """
-    scheduler, cfg = _with_cluster(scheduler, cfg, use_cluster(cluster))
-    _check_submit_args(scheduler, cfg, workspace, idempotency_key)
-    with get_runner() as runner:
-        return _submit(runner, app, scheduler, cfg, workspace, idempotency_key)
+    backend = resolve_backend(scheduler, cfg)
+    name, cfg = _with_cluster(backend.scheduler, backend.cfg, use_cluster(cluster))
+    _check_submit_args(name, cfg, workspace, idempotency_key)
+    with backend.runner() as runner:
+        return _submit(runner, app, name, cfg, workspace, idempotency_key)
 
 
 @task(name="shipyard-submit-job", cache_policy=NO_CACHE)
 async def submit_job_async(
     app: Any,
-    scheduler: str | None = None,
+    scheduler: str | ShipyardBackend | None = None,
     cfg: Cfg | None = None,
     workspace: str | None = None,
     idempotency_key: str | None = None,
@@ -180,13 +189,14 @@ async def submit_job_async(
 
     Interrupted while the submission is in flight, the job it makes is cancelled once it exists.
     """
-    name = await asyncio.to_thread(use_cluster, cluster)
-    scheduler, cfg = _with_cluster(scheduler, cfg, name)
-    _check_submit_args(scheduler, cfg, workspace, idempotency_key)
+    backend = await asyncio.to_thread(resolve_backend, scheduler, cfg)
+    cluster_name = await asyncio.to_thread(use_cluster, cluster)
+    name, cfg = _with_cluster(backend.scheduler, backend.cfg, cluster_name)
+    _check_submit_args(name, cfg, workspace, idempotency_key)
     jobs.guard_flow_run()  # here: signal handlers can only be set from the main thread
-    runner = get_runner()
+    runner = backend.runner()
     future = jobs.start_in_thread(
-        lambda: _submit(runner, app, scheduler, cfg, workspace, idempotency_key)
+        lambda: _submit(runner, app, name, cfg, workspace, idempotency_key)
     )
     try:
         return await asyncio.wrap_future(future)
@@ -235,7 +245,7 @@ def wait_for_job(
     stream_logs: bool = True,
     cancel_on_timeout: bool = True,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
-    cluster: SlurmCluster | str | None = None,
+    cluster: SlurmCluster | ShipyardBackend | str | None = None,
 ) -> AppStatus:
     """Waits for the job to end and returns its final status; raises if it did not succeed.
 
@@ -263,10 +273,9 @@ def wait_for_job(
     """
     _check_handle(handle)
     _check_wait_args(timeout, poll_interval, cancel_check_interval)
-    use_cluster(cluster)
     logger = _logger()
     watch = waiting.CancelWatch(cancel_check_interval)
-    with get_runner() as runner:
+    with runner_for(cluster) as runner:
         forwarder = _start_forwarder(runner, handle) if stream_logs else None
         try:
             status = waiting.wait_sync(
@@ -280,7 +289,7 @@ def wait_for_job(
             )
         except BaseException:
             if forwarder is not None:
-                forwarder.stopping.set()
+                forwarder.cancel()
             raise
         return _finish(runner, handle, status, forwarder)
 
@@ -293,15 +302,14 @@ async def wait_for_job_async(
     stream_logs: bool = True,
     cancel_on_timeout: bool = True,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
-    cluster: SlurmCluster | str | None = None,
+    cluster: SlurmCluster | ShipyardBackend | str | None = None,
 ) -> AppStatus:
     """:func:`wait_for_job` for async flows (same arguments, errors and cancellation)."""
     _check_handle(handle)
     _check_wait_args(timeout, poll_interval, cancel_check_interval)
-    await asyncio.to_thread(use_cluster, cluster)
     logger = _logger()
     watch = waiting.CancelWatch(cancel_check_interval)
-    with get_runner() as runner:
+    with await asyncio.to_thread(runner_for, cluster) as runner:
         forwarder = _start_forwarder(runner, handle) if stream_logs else None
         try:
             status = await waiting.wait_async(
@@ -315,7 +323,7 @@ async def wait_for_job_async(
             )
         except BaseException:
             if forwarder is not None:
-                forwarder.stopping.set()
+                forwarder.cancel()
             raise
         return await asyncio.to_thread(_finish, runner, handle, status, forwarder)
 
@@ -371,7 +379,7 @@ def stream_job_logs(
     timeout: float | None = None,
     max_lines: int = 1000,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
-    cluster: SlurmCluster | str | None = None,
+    cluster: SlurmCluster | ShipyardBackend | str | None = None,
 ) -> list[str]:
     """Sends the job's log lines to the run logger, one record per line (``role/replica line``).
 
@@ -392,9 +400,8 @@ def stream_job_logs(
     _check_log_args(role, replica, regex, max_lines)
     _check_positive(timeout, "timeout")
     _check_positive(cancel_check_interval, "cancel_check_interval")
-    use_cluster(cluster)
     watch = waiting.CancelWatch(cancel_check_interval)
-    with get_runner() as runner:
+    with runner_for(cluster) as runner:
         _check_replica_exists(runner, handle, role, replica)
         forwarder = _start_forwarder(
             runner,
@@ -408,7 +415,7 @@ def stream_job_logs(
         try:
             stopped = waiting.follow_sync(forwarder, watch, timeout)
         finally:
-            forwarder.stopping.set()
+            forwarder.cancel()
         return _log_result(forwarder, stopped)
 
 
@@ -422,16 +429,15 @@ async def stream_job_logs_async(
     timeout: float | None = None,
     max_lines: int = 1000,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
-    cluster: SlurmCluster | str | None = None,
+    cluster: SlurmCluster | ShipyardBackend | str | None = None,
 ) -> list[str]:
     """:func:`stream_job_logs` for async flows."""
     _check_handle(handle)
     _check_log_args(role, replica, regex, max_lines)
     _check_positive(timeout, "timeout")
     _check_positive(cancel_check_interval, "cancel_check_interval")
-    await asyncio.to_thread(use_cluster, cluster)
     watch = waiting.CancelWatch(cancel_check_interval)
-    with get_runner() as runner:
+    with await asyncio.to_thread(runner_for, cluster) as runner:
         await asyncio.to_thread(_check_replica_exists, runner, handle, role, replica)
         forwarder = _start_forwarder(
             runner,
@@ -445,7 +451,7 @@ async def stream_job_logs_async(
         try:
             stopped = await waiting.follow_async(forwarder, watch, timeout)
         finally:
-            forwarder.stopping.set()
+            forwarder.cancel()
         return _log_result(forwarder, stopped)
 
 
@@ -462,9 +468,9 @@ def _log_result(forwarder: waiting.LogForwarder, stopped: str | None) -> list[st
 # --------------------------------------------------------------------------------------------
 
 
-def _cancel(handle: AppHandle, wait: bool, timeout: float) -> AppStatus | None:
+def _cancel(handle: AppHandle, wait: bool, timeout: float, where: Any) -> AppStatus | None:
     logger = _logger()
-    with get_runner() as runner:
+    with runner_for(where) as runner:
         runner.cancel(handle)
         jobs.untrack(handle)
         logger.info("cancel requested for %s", handle)
@@ -488,7 +494,7 @@ def cancel_job(
     handle: AppHandle,
     wait: bool = True,
     timeout: float = 60.0,
-    cluster: SlurmCluster | str | None = None,
+    cluster: SlurmCluster | ShipyardBackend | str | None = None,
 ) -> AppStatus | None:
     """Cancels the job (idempotent) and returns its status (None if the app is unknown).
 
@@ -503,8 +509,7 @@ def cancel_job(
     """
     _check_handle(handle)
     _check_positive(timeout, "timeout", allow_none=False)
-    use_cluster(cluster)
-    return _cancel(handle, wait, timeout)
+    return _cancel(handle, wait, timeout, cluster)
 
 
 @task(name="shipyard-cancel-job", cache_policy=NO_CACHE)
@@ -512,10 +517,9 @@ async def cancel_job_async(
     handle: AppHandle,
     wait: bool = True,
     timeout: float = 60.0,
-    cluster: SlurmCluster | str | None = None,
+    cluster: SlurmCluster | ShipyardBackend | str | None = None,
 ) -> AppStatus | None:
     """:func:`cancel_job` for async flows."""
     _check_handle(handle)
     _check_positive(timeout, "timeout", allow_none=False)
-    await asyncio.to_thread(use_cluster, cluster)
-    return await asyncio.to_thread(_cancel, handle, wait, timeout)
+    return await asyncio.to_thread(_cancel, handle, wait, timeout, cluster)
