@@ -360,7 +360,7 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         backend, runner = await self._backend(configuration)
         assert backend.scheduler is not None
         app = flow_run_app(configuration, flow_run, backend.scheduler)
-        key = idempotency_key(flow_run.id, flow_run.state.id if flow_run.state else None)
+        key = idempotency_key(flow_run.id, await self._picked_state(flow_run.id))
 
         def submit() -> AppHandle:
             return runner.run(app, backend.scheduler, backend.cfg, idempotency_key=key)
@@ -558,15 +558,20 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         """The run's job: its infrastructure pid, else the job of its idempotency key."""
         if flow_run.infrastructure_pid:
             return flow_run.infrastructure_pid
-        # the scheduled state the worker picked up: the last one before the last Pending
-        picked = last_scheduled = None
-        for state in await self.client.read_flow_run_states(flow_run.id):
-            if state.type == StateType.SCHEDULED:
-                last_scheduled = state.id
-            elif state.type == StateType.PENDING:
-                picked = last_scheduled
+        picked = await self._picked_state(flow_run.id)
         if picked is None:
             return None
         key = idempotency_key(flow_run.id, picked)
         assert backend.scheduler is not None
         return await anyio.to_thread.run_sync(runner.find, backend.scheduler, key, backend.cfg)
+
+    async def _picked_state(self, flow_run_id: uuid.UUID) -> uuid.UUID | None:
+        """The scheduled state a worker picked the run up from: the last one before its last
+        Pending state (the same before and after the job starts, new when the run is retried)."""
+        picked = last_scheduled = None
+        for state in await self.client.read_flow_run_states(flow_run_id):
+            if state.type == StateType.SCHEDULED:
+                last_scheduled = state.id
+            elif state.type == StateType.PENDING:
+                picked = last_scheduled
+        return picked

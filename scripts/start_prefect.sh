@@ -101,6 +101,9 @@ run_env=(
     "PREFECT_SERVER_ANALYTICS_ENABLED=false"
     "PREFECT_UI_ENABLED=false"
     "PREFECT_API_DATABASE_CONNECTION_URL=sqlite+aiosqlite:///$PHOME/home/prefect.db"
+    # SQLite has one writer: a busy machine needs a longer wait for the lock than the default 10 s
+    "PREFECT_API_DATABASE_TIMEOUT=60"
+    "PREFECT_API_DATABASE_CONNECTION_TIMEOUT=60"
     "PREFECT_WORKER_QUERY_SECONDS=$POLL"
     "PREFECT_WORKER_HEARTBEAT_SECONDS=$POLL"
     "SHIPYARD_STATE_DIR=$PHOME/shipyard-state"

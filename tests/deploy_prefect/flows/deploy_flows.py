@@ -1,0 +1,50 @@
+"""Flows the Prefect deployment tests deploy to the Shipyard work pool (tests/deploy_prefect)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+
+@flow(log_prints=True)
+def hello(greeting: str = "hello") -> str:
+    """Prints a line the tests look for in the worker's log and returns where it ran."""
+    where = f"pid={os.getpid()} host={os.uname().nodename} python={sys.version.split()[0]}"
+    print(f"{greeting} from the Shipyard job ({where})")
+    return where
+
+
+@flow
+def failing(reason: str = "deliberately") -> None:
+    """Raises, so the flow run fails and the engine exits 1."""
+    get_run_logger().info("about to fail %s", reason)
+    raise RuntimeError(f"failing {reason}")
+
+
+@flow
+def wait_for_gate(gate: str) -> str:
+    """Runs until the file ``gate`` exists (the tests cancel it or kill the worker meanwhile)."""
+    logger = get_run_logger()
+    logger.info("waiting for %s", gate)
+    started = Path(gate + ".started")
+    started.write_text(str(os.getpid()))
+    while not Path(gate).exists():
+        time.sleep(0.2)
+    logger.info("gate %s opened", gate)
+    return "opened"
+
+
+@flow
+def block_job(backend: str, message: str) -> str:
+    """Runs a one-role job with the tasks, configured by the saved Shipyard Backend block
+    ``backend`` (its scheduler and default run options)."""
+    from prefect_tasks import submit_job, wait_for_job
+
+    app = {"name": "blockjob", "roles": [{"name": "echo", "entrypoint": "echo", "args": [message]}]}
+    handle = submit_job(app, scheduler=backend)
+    wait_for_job(handle, cluster=backend)
+    return handle

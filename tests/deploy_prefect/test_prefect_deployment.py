@@ -1,0 +1,196 @@
+"""The Shipyard worker in a real Prefect deployment (scripts/start_prefect.sh: ``prefect server
+start`` and ``prefect worker start -p POOL -t shipyard``), driven as users drive it: a deployment
+made from a flow file (``flow.from_source(...).deploy(...)``) on the Shipyard pool, a run started
+through the API, the ``prefect`` command to cancel it; what is checked is what users see: the
+run's final state and logs, the worker's log, the job in the backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.specs import AppState, parse_app_handle
+from tests.deploy_prefect.prefect_api import (
+    FLOWS,
+    HOME,
+    FlowRun,
+    deploy,
+    prefect_cli,
+    restart_worker,
+    start_run,
+    wait_until,
+    worker_log,
+)
+from tests.services import docker_problem, require, slurm_problem
+
+pytestmark = [pytest.mark.prefect, pytest.mark.timeout(600)]
+
+IMAGE = "shipyard-test/prefect:{version}"
+
+
+def greeting() -> str:
+    return f"greeting-{uuid.uuid4().hex[:10]}"
+
+
+def job_state(runner: Any, handle: str) -> AppState:
+    status = runner.status(handle)
+    assert status is not None, f"the backend does not know {handle}"
+    return status.state
+
+
+def wait_job_final(runner: Any, handle: str) -> AppState:
+    return wait_until(
+        lambda: (s := runner.status(handle)) is not None and s.is_terminal() and s.state,
+        120,
+        f"{handle} to end",
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def run_hello(prefect_api: str, job_variables: dict[str, Any]) -> tuple[FlowRun, str]:
+    """Deploys and runs the hello flow; returns the run, once Completed, and its greeting."""
+    words = greeting()
+    run = start_run(deploy("hello", job_variables), {"greeting": words})
+    state = run.wait()
+    assert state == "COMPLETED", f"{state}: {run.logs()}"
+    return run, words
+
+
+def test_local_deployment_completes(prefect_api: str, deploy_runner: Any) -> None:
+    run, words = run_hello(prefect_api, {"scheduler": "local_cwd"})
+    handle = run.handle()
+    assert parse_app_handle(handle).scheduler_backend == "local_cwd"
+    assert wait_job_final(deploy_runner, handle) == AppState.SUCCEEDED
+    run.wait_log(f"{words} from the Shipyard job")
+    # the job's output reached the worker's log, and the exit code the run's log
+    wait_until(lambda: words in worker_log(), 60, "the job's output in the worker's log")
+    run.wait_log(f"Shipyard job {handle} ended SUCCEEDED (exit code 0)")
+
+
+def test_docker_deployment_completes(prefect_api: str, deploy_runner: Any) -> None:
+    require("docker", docker_problem())
+    from importlib.metadata import version
+
+    mount = f"type=bind,src={FLOWS},dst={FLOWS},readonly"
+    run, words = run_hello(
+        prefect_api,
+        {
+            "scheduler": "local_docker",
+            "image": IMAGE.format(version=version("prefect")),
+            "mounts": [mount],
+        },
+    )
+    handle = run.handle()
+    assert parse_app_handle(handle).scheduler_backend == "local_docker"
+    assert wait_job_final(deploy_runner, handle) == AppState.SUCCEEDED
+    # it ran in the container (replica hostname), not on the worker's host
+    line = run.wait_log(f"{words} from the Shipyard job")
+    assert "host=flow-run-0" in line, line
+
+
+def test_slurm_deployment_completes(prefect_api: str, deploy_runner: Any) -> None:
+    require("slurm", slurm_problem())
+    run, words = run_hello(prefect_api, {"scheduler": "slurm", "cfg": {"partition": "debug"}})
+    handle = run.handle()
+    assert parse_app_handle(handle).scheduler_backend == "slurm"
+    assert wait_job_final(deploy_runner, handle) == AppState.SUCCEEDED
+    run.wait_log(f"{words} from the Shipyard job")
+
+
+def test_failing_flow_ends_failed_with_the_exit_code(prefect_api: str, deploy_runner: Any) -> None:
+    run = start_run(deploy("failing", {"scheduler": "local_cwd"}), {"reason": "on purpose"})
+    assert run.wait() == "FAILED"
+    handle = run.handle()
+    assert wait_job_final(deploy_runner, handle) == AppState.FAILED
+    run.wait_log("failing on purpose")
+    run.wait_log(f"Shipyard job {handle} ended FAILED (exit code 1)")
+
+
+def start_gated(gate: Path, job_variables: dict[str, Any] | None = None) -> tuple[FlowRun, int]:
+    """Starts a run of the gated flow; returns it once its flow runs, with the flow's pid."""
+    run = start_run(
+        deploy("wait_for_gate", job_variables or {"scheduler": "local_cwd"}), {"gate": str(gate)}
+    )
+    started = Path(str(gate) + ".started")
+    wait_until(lambda: started.exists() and started.read_text(), 300, "the flow to start")
+    run.wait_state("RUNNING")
+    return run, int(started.read_text())
+
+
+def test_cancelling_the_run_cancels_the_job(
+    prefect_api: str, deploy_runner: Any, gate: Path
+) -> None:
+    run, pid = start_gated(gate)
+    handle = run.handle()
+    prefect_cli("flow-run", "cancel", str(run.id))
+    assert run.wait() == "CANCELLED"
+    assert wait_job_final(deploy_runner, handle) == AppState.CANCELLED
+    wait_until(lambda: not pid_alive(pid), 60, f"the flow's process {pid} to be gone")
+
+
+def test_job_killed_outside_prefect_crashes_the_run(
+    prefect_api: str, deploy_runner: Any, gate: Path
+) -> None:
+    run, pid = start_gated(gate)
+    handle = run.handle()
+    os.kill(pid, signal.SIGKILL)
+    assert run.wait() == "CRASHED"
+    assert wait_job_final(deploy_runner, handle) == AppState.FAILED
+    run.wait_log(f"Shipyard job {handle} ended FAILED (exit code -9)")
+
+
+def test_job_cancelled_outside_prefect_cancels_the_run(
+    prefect_api: str, deploy_runner: Any, gate: Path
+) -> None:
+    run, _ = start_gated(gate)
+    deploy_runner.cancel(run.handle())
+    assert run.wait() == "CANCELLED"
+
+
+def test_restarted_worker_keeps_tracking_the_run(
+    prefect_api: str, deploy_runner: Any, gate: Path
+) -> None:
+    run, pid = start_gated(gate)
+    handle = run.handle()
+    restart_worker(kill=True)
+    assert pid_alive(pid), "the job died with the worker"
+    wait_until(
+        lambda: f"follows Shipyard job {handle} again" in "\n".join(run.logs()),
+        120,
+        "the restarted worker to follow the job again",
+    )
+    # the state still follows the job: cancelled outside Prefect, the run ends Cancelled
+    deploy_runner.cancel(handle)
+    assert run.wait() == "CANCELLED"
+    assert wait_job_final(deploy_runner, handle) == AppState.CANCELLED
+
+
+def test_block_configured_task_flow(
+    prefect_api: str, deploy_runner: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from prefect_tasks import ShipyardBackend
+
+    log_dir = HOME / "work" / f"logs-{uuid.uuid4().hex[:8]}"
+    log_dir.mkdir()
+    name = f"local-{uuid.uuid4().hex[:8]}"
+    ShipyardBackend(scheduler="local_cwd", cfg={"log_dir": str(log_dir)}).save(name)
+    words = greeting()
+    run = start_run(
+        deploy("block_job", {"scheduler": "local_cwd"}), {"backend": name, "message": words}
+    )
+    assert run.wait() == "COMPLETED", run.logs()
+    run.wait_log(words)
+    # the job ran with the block's run options: its log is in the block's log_dir
+    assert any(words in p.read_text(errors="replace") for p in log_dir.rglob("*") if p.is_file())
