@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from core.reports import AppResult, Problem, problem_from_error
 from core.schedulers import SchedulerFactory, get_default_scheduler_name, get_scheduler_factories
 from core.schedulers.api import IDEMPOTENCY_KEY, ListAppResponse, Scheduler, Stream
 from core.specs import (
@@ -434,6 +435,61 @@ class Runner:
     def scheduler_run_opts(self, scheduler: str) -> runopts:
         """The run options of one scheduler."""
         return self._scheduler(scheduler).run_opts()
+
+    # -- results and pre-flight checks (issue 19) ----------------------------------------------
+
+    def result(self, app_handle: AppHandle) -> AppResult:
+        """What the app's replicas wrote to ``$SHIPYARD_RESULT_FILE`` (see :mod:`core.reports`):
+        replica 0 of each role, or every replica with the run option ``result_replicas=all``.
+
+        Read whenever asked (a replica still running may not have written yet). A replica's
+        oversized (> 1 MiB) or invalid JSON is an error naming it in the returned
+        :class:`AppResult` (``.errors``; ``.get(role, k)`` raises it), never an exception here.
+
+        Raises:
+            ValueError: the app is unknown (the message names the handle).
+            NotImplementedError: its scheduler does not collect results.
+        """
+        sched, app_id = self._handle_scheduler(app_handle)
+        desc = sched.describe(app_id)
+        if desc is None:
+            raise ValueError(f"app handle: no app {app_handle} on {sched.backend}")
+        replicas = sched.read_results(app_id)
+        return AppResult(app_handle, desc.state, replicas)
+
+    def preflight(
+        self,
+        app: AppDef,
+        scheduler: str | None = None,
+        cfg: Cfg | None = None,
+        workspace: str | None = None,
+    ) -> builtins.list[Problem]:
+        """Every problem a submit of ``app`` to ``scheduler`` would hit, found without starting
+        anything: the app's and cfg's validation, then the backend's own checks
+        (``Scheduler.preflight``: Slurm ``sbatch --test-only`` per component with its
+        estimated start, Docker images/devices/mounts, local entrypoints and directories).
+        Each :class:`Problem` names its field; ``severity`` ``info`` entries are not
+        problems (e.g. Slurm's estimated start time). An empty list: nothing found."""
+        sched = self._scheduler(scheduler or get_default_scheduler_name())
+        try:
+            resolved = sched.resolve_cfg(cfg)
+        except ValueError as e:
+            return [problem_from_error(e, "cfg")]
+        problems: builtins.list[Problem] = []
+        info: AppDryRunInfo[Any] | None = None
+        try:
+            if workspace:
+                app = sched.apply_workspace(app, workspace, resolved)
+            info = sched.submit_dryrun(app, resolved)
+        except ValueError as e:
+            problems.append(problem_from_error(e))
+        if info is None:  # the backend checks what it can from the app alone
+            info = AppDryRunInfo(None, str)
+            info.app, info.cfg, info.scheduler = app, resolved, sched.backend
+        found: builtins.list[Problem] = sched.preflight(info)
+        seen = {p.field for p in found} | {p.message for p in found}
+        # (a dry run error the backend's checks found again is reported once)
+        return [p for p in problems if p.field not in seen and p.message not in seen] + found
 
 
 def _to_status(desc: Any) -> AppStatus | None:

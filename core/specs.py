@@ -35,6 +35,7 @@ __all__ = [
     "ReplicaState",
     "ReplicaStatus",
     "Resource",
+    "ResourceUsage",
     "RetryPolicy",
     "Role",
     "RoleStatus",
@@ -549,11 +550,52 @@ def is_terminal(state: AppState) -> bool:
 
 
 @dataclass
+class ResourceUsage:
+    """What one replica used, as its backend measured it (a field is None where the backend
+    could not tell).
+
+    Args:
+        wall_time: seconds from its start to its end (or to now, while it runs)
+        cpu_time: CPU seconds, user plus system, of the replica and its children
+        peak_memory: its peak memory in bytes (resident set / cgroup high-water mark)
+        requested_memory: the memory it asked for in bytes (None: no request)
+        oom_killed: True if it was killed for running out of memory
+    """
+
+    wall_time: float | None = None
+    cpu_time: float | None = None
+    peak_memory: int | None = None
+    requested_memory: int | None = None
+    oom_killed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form."""
+        return asdict(self)
+
+    def format(self) -> str:
+        """``wall 12.0s, cpu 10.2s, peak 3.0 GiB of 4.0 GiB``"""
+        from core.reports import format_bytes
+
+        parts = []
+        if self.wall_time is not None:
+            parts.append(f"wall {self.wall_time:.1f}s")
+        if self.cpu_time is not None:
+            parts.append(f"cpu {self.cpu_time:.1f}s")
+        if self.peak_memory is not None:
+            of = f" of {format_bytes(self.requested_memory)}" if self.requested_memory else ""
+            parts.append(f"peak {format_bytes(self.peak_memory)}{of}")
+        if self.oom_killed:
+            parts.append("OOM killed")
+        return ", ".join(parts) or "no figures"
+
+
+@dataclass
 class ReplicaStatus:
     """Status of one replica of a role.
 
     ``exit_code`` is the replica's exit code once it ended (negative ``-N`` for signal N), else
-    ``None``.
+    ``None``. ``usage`` is what it used where the backend measured it (see
+    :class:`ResourceUsage`), else ``None``.
     """
 
     id: int
@@ -562,6 +604,7 @@ class ReplicaStatus:
     hostname: str
     structured_error_msg: str = NONE
     exit_code: int | None = None
+    usage: ResourceUsage | None = None
 
 
 @dataclass

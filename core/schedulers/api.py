@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import builtins
 import copy
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -11,6 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Generic, TypeVar
 
+from core.reports import Problem, ReplicaResult
 from core.specs import (
     NONE,
     AppDef,
@@ -243,6 +245,27 @@ class Scheduler(abc.ABC, Generic[T]):
 
     def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
         """Scheduler-specific validation, run before the request is built."""
+
+    def preflight(self, dryrun_info: AppDryRunInfo[T]) -> builtins.list[Problem]:
+        """Checks, without starting anything, what a submit of ``dryrun_info`` would hit in
+        the backend (images, entrypoints, directories, partitions ...). Every problem is
+        returned, each naming its field; the default finds none.
+
+        ``dryrun_info.request`` is None when the dry run itself failed (the runner reports
+        that error): check what can be checked from ``dryrun_info.app`` and ``.cfg``.
+        """
+        return []
+
+    def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
+        """The results (``$SHIPYARD_RESULT_FILE``) of the app's collected replicas: replica 0
+        of each role, or every replica with ``result_replicas=all``. A replica's oversized or
+        invalid result is its :attr:`ReplicaResult.error`, not an exception.
+
+        Raises:
+            ValueError: the app does not exist.
+            NotImplementedError: the scheduler does not collect results.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not collect results")
 
 
 def split_lines(text: str) -> list[str]:

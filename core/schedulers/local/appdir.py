@@ -14,6 +14,9 @@ Layout of one app's directory (``<state root>/local/<app_id>/``, mode 0700)::
     collector.log     what a collector process had to say (errors only)
     idx.<index>       the time index of one replica's logs
     logs_done         the collector consumed every byte of every replica's output
+    usage             "<index> <json>" lines: what a replica used (wait4 rusage, recorded by
+                      the process that reaped its wrapper)
+    result.<role>.<k>.json   what replica k of role wrote to $SHIPYARD_RESULT_FILE
     <role>.<k>.{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
 
 A state root or app directory that another user owns, or that others can write, is refused:
@@ -109,6 +112,7 @@ class AppDir:
     LOCK = "collector.lock"
     COLLECTOR_LOG = "collector.log"
     INDEX_PREFIX = "idx."
+    USAGE = "usage"
 
     def __init__(self, root: str, app_id: str) -> None:
         self.app_id = app_id
@@ -203,6 +207,36 @@ class AppDir:
             )
         finally:
             os.close(fd)
+
+    # -- results and usage ------------------------------------------------------------------
+
+    def result_file(self, role: str, k: int) -> str:
+        """Where replica ``k`` of ``role`` writes its result (``$SHIPYARD_RESULT_FILE``)."""
+        return self.file(f"result.{role}.{k}.json")
+
+    def record_usage(self, g: int, text: str) -> None:
+        """Appends what replica ``g`` used (one line of JSON, one ``write``)."""
+        try:
+            fd = os.open(
+                self.file(self.USAGE), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+        except FileNotFoundError:  # the app was removed meanwhile
+            return
+        try:
+            os.write(fd, f"{g} {text}\n".encode())
+        except OSError:
+            pass  # (a full disk): the replica then shows no usage
+        finally:
+            os.close(fd)
+
+    def usages(self) -> dict[int, str]:
+        """The recorded usage lines by replica index (the first of a replica wins)."""
+        out: dict[int, str] = {}
+        for line in (_read_text(self.file(self.USAGE)) or "").split("\n"):
+            g, _, text = line.partition(" ")
+            if text and g.isdigit():
+                out.setdefault(int(g), text)
+        return out
 
     # -- markers and the final state ------------------------------------------------------
 

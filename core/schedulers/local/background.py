@@ -30,7 +30,8 @@ from typing import Any
 
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.collector import LogDirFull, collect
-from core.schedulers.local.processes import reap_if_child
+from core.schedulers.local.outcome import OomCounter, record_reaped
+from core.schedulers.local.processes import exited_child
 from core.schedulers.local.supervise import observe
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,15 @@ _BOOT = (
 )
 
 
+_OOM: list[OomCounter] = []  # the reaper's view of the kernel's OOM kills (made on first use)
+
+
+def _oom_counter() -> OomCounter:
+    if not _OOM:
+        _OOM.append(OomCounter())
+    return _OOM[0]
+
+
 @dataclass
 class _Child:
     """A child process to reap: a replica's wrapper (``app``, ``index``) or a collector."""
@@ -63,21 +73,26 @@ class _Child:
     popen: subprocess.Popen[bytes] | None = None
 
     def reaped(self, pidfd: int = -1) -> bool:
-        """Reaps it if it exited (False if it runs); records a killed wrapper's exit code."""
+        """Reaps it if it exited (False if it runs); records a killed wrapper's exit code and
+        what a wrapper's replica used (its ``wait4`` rusage)."""
         if self.popen is not None:
             return self.popen.poll() is not None
-        if pidfd >= 0:  # (readable: it exited; None: not our child any more)
-            by = reap_if_child(pidfd) or 0
-        else:
-            try:
-                done, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return True  # reaped by someone else
-            if done == 0:
-                return False
-            by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+        if pidfd >= 0 and not exited_child(pidfd):
+            return True  # (readable: it exited; not our child any more)
+        try:
+            done, status, rusage = os.wait4(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return True  # reaped by someone else
+        if done == 0:
+            return False
+        by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
         if by and self.app is not None:
             self.app.record_exit(self.index, -by)
+        if self.app is not None:
+            try:
+                record_reaped(self.app, self.index, rusage, by, _oom_counter())
+            except OSError as e:
+                log.debug("could not record the usage of %s/%d: %s", self.app.path, self.index, e)
         return True
 
 
@@ -131,12 +146,14 @@ class Background:
 
     # -- called by submitting threads -------------------------------------------------------
 
-    def _put(self, item: tuple[str, Any]) -> None:
+    def _put(self, item: tuple[str, Any], *before: tuple[str, Any]) -> None:
+        """Queues ``before`` then ``item`` for the thread (starting it if needed)."""
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child
                 self._pid = os.getpid()
                 self._reset()
                 atexit.register(self.flush)
+            self._q.extend(before)  # (after a reset: a first use must not drop them)
             self._q.append(item)
             if self._thread is None:
                 self._rfd, self._wfd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -172,9 +189,8 @@ class Background:
             self._pending += 1
             if housekeeping is not None:  # (weakly: a scheduler is not kept alive for it)
                 self._housekeepers.add(weakref.WeakMethod(housekeeping))  # type: ignore[arg-type]
-        for g, pid in enumerate(pids):
-            self._q.append(("watch", _Child(pid, app, g)))
-        self._put(("launch", (time.monotonic() + COLLECTOR_DELAY, app, grace)))
+        watches = [("watch", _Child(pid, app, g)) for g, pid in enumerate(pids)]
+        self._put(("launch", (time.monotonic() + COLLECTOR_DELAY, app, grace)), *watches)
 
     def flush(self, timeout: float = 10.0) -> None:
         """Starts every queued log collection now and waits for that (called at exit)."""

@@ -54,6 +54,8 @@ class PopenRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     backend: str = "local_cwd"
     session_name: str = ""
+    #: whose results are collected: ``first`` (replica 0 of each role) or ``all``
+    result_replicas: str = "first"
 
     def __str__(self) -> str:
         lines = [f"app_id: {self.app_id}", f"log_dir: {self.log_dir}"]

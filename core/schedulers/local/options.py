@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
+from core.reports import RESULT_REPLICAS_HELP, RESULT_REPLICAS_OPT, result_replicas
 from core.specs import CfgVal, runopts
 
 __all__ = ["LocalOpts", "local_opts", "run_opts"]
@@ -21,6 +22,7 @@ class LocalOpts(TypedDict, total=False):
     log_dir: str | None
     prepend_cwd: bool
     auto_set_cuda_visible_devices: bool
+    result_replicas: str
 
 
 def run_opts() -> runopts:
@@ -42,6 +44,7 @@ def run_opts() -> runopts:
         " role replica will be assigned one GPU. Does nothing if the device count is less"
         " than replicas.",
     )
+    opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     return opts
 
 
@@ -49,7 +52,8 @@ def local_opts(cfg: Mapping[str, CfgVal]) -> LocalOpts:
     """A resolved cfg (``run_opts().resolve(...)``) as :class:`LocalOpts`.
 
     Raises:
-        ValueError: ``log_dir`` is not a directory path.
+        ValueError: ``log_dir`` is not a directory path, or ``result_replicas`` is not
+            ``first`` or ``all``.
     """
     log_dir = cfg.get("log_dir")
     if log_dir is not None and (not isinstance(log_dir, str) or not log_dir.strip()):
@@ -58,4 +62,5 @@ def local_opts(cfg: Mapping[str, CfgVal]) -> LocalOpts:
         log_dir=log_dir,
         prepend_cwd=bool(cfg.get("prepend_cwd")),
         auto_set_cuda_visible_devices=bool(cfg.get("auto_set_cuda_visible_devices")),
+        result_replicas=result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
     )

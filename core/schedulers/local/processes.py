@@ -137,6 +137,17 @@ def reap_if_child(pidfd: int) -> int | None:
     return int(res.si_status) if res.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else 0
 
 
+def exited_child(pidfd: int) -> bool:
+    """True if the process of ``pidfd`` is an exited child of this process, not reaped yet
+    (it is left to be reaped, e.g. by ``os.wait4`` for its rusage)."""
+    flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+    try:
+        res = os.waitid(os.P_PIDFD, pidfd, flags)  # type: ignore[attr-defined]
+    except (ChildProcessError, OSError, AttributeError):
+        return False
+    return res is not None
+
+
 def pidfds(procs: dict[int, Identity]) -> dict[int, int]:
     """pidfds of those of ``procs`` (by any key) that still exist: fd -> key."""
     fds: dict[int, int] = {}

@@ -68,6 +68,8 @@ class AppRecord:
     replicas: list[ReplicaRecord]
     key: str | None = None
     host: str = "localhost"
+    #: whose results are collected: ``first`` (replica 0 of each role) or ``all``
+    results: str = "first"
 
     def to_json(self) -> str:
         data = {**vars(self), "roles": [vars(r) for r in self.roles],

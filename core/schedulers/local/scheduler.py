@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from core.reports import RESULT_FILE_ENV, Problem, ReplicaResult
 from core.schedulers.api import (
     IDEMPOTENCY_KEY,
     DescribeAppResponse,
@@ -36,10 +37,12 @@ from core.schedulers.local.appdir import (
     ensure_apps_root,
 )
 from core.schedulers.local.background import BACKGROUND, start_collector
+from core.schedulers.local.checks import preflight
 from core.schedulers.local.collector import collect
 from core.schedulers.local.images import ImageProvider, PopenRequest, ReplicaParam
 from core.schedulers.local.logs import LogIterator
 from core.schedulers.local.options import LocalOpts, local_opts, run_opts
+from core.schedulers.local.outcome import apply_usage, read_results, response
 from core.schedulers.local.processes import DEFAULT_GRACE, MARKER_ENV, Identity, terminate
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
 from core.schedulers.local.signals import HANDLERS
@@ -51,22 +54,16 @@ from core.schedulers.local.spawn import (
     spawn,
 )
 from core.schedulers.local.supervise import (
-    describe_code,
     identities,
     observe,
     running_state,
     settle,
 )
 from core.specs import (
-    NONE,
     AppDef,
     AppDryRunInfo,
-    AppState,
     CfgVal,
-    ReplicaStatus,
-    Resource,
     Role,
-    RoleStatus,
     is_terminal,
     macros,
     runopts,
@@ -159,7 +156,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[PopenRequest]:
         opts = local_opts(cfg)
         app_id = f"{app.name}-{secrets.token_hex(5)}"
-        app_dir = os.path.join(apps_root(), app_id)
+        adir = AppDir(apps_root(), app_id)
+        app_dir = adir.path
         log_root = opts.get("log_dir")
         log_dir = (
             os.path.join(os.path.abspath(os.path.expanduser(log_root)), app_id)
@@ -179,6 +177,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                     param.args[0], param.cwd or os.getcwd(), param.env.get("PATH", ""), i
                 )
                 param.env[MARKER_ENV] = f"{app_id}:{g}"
+                param.env[RESULT_FILE_ENV] = adir.result_file(role.name, k)
                 check_command_size(param.args, param.env, f"roles[{i}]", base_size)
                 params.append(param)
                 g += 1
@@ -194,6 +193,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             metadata=dict(app.metadata),
             backend=self.backend,
             session_name=self.session_name,
+            result_replicas=opts.get("result_replicas", "first"),
         )
         return AppDryRunInfo(request, str)
 
@@ -316,6 +316,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 replicas=replicas,
                 key=key,
                 host=HOSTNAME,
+                results=request.result_replicas,
             )
             try:
                 if not app.write_record(record):
@@ -378,7 +379,21 @@ class LocalScheduler(Scheduler[PopenRequest]):
         if obs is None:
             return None
         state = obs.done or self._settle(app, record, obs) or running_state(app, obs)
-        return _response(app_id, record, state)
+        resp = response(app_id, record, state)
+        if AppDir.USAGE in obs.names:  # (a wrapper was reaped: usage is known)
+            apply_usage(resp, app, record)
+        return resp
+
+    def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
+        """The replicas' results, from their files in the app's directory."""
+        found = self._load(app_id)
+        if found is None:
+            raise ValueError(f"app_id: no local app {app_id!r} in {apps_root()}")
+        return read_results(*found)
+
+    def preflight(self, dryrun_info: AppDryRunInfo[PopenRequest]) -> builtins.list[Problem]:
+        """Entrypoints resolvable, working and log directories there and writable."""
+        return preflight(dryrun_info, self._image_provider_class, self._extra_paths)
 
     def _settle(self, app: AppDir, record: AppRecord, obs: Any) -> FinalState | None:
         """What must happen as replicas end (gang termination, SIGKILL after the grace, the
@@ -733,37 +748,6 @@ def _role_record(role: Role) -> RoleRecord:
     res = role.resource
     return RoleRecord(role.name, role.num_replicas, role.image, role.entrypoint, list(role.args),
                       dict(role.env), (res.cpu, res.gpu, res.memMB))  # fmt: skip
-
-
-def _response(app_id: str, record: AppRecord, st: FinalState) -> DescribeAppResponse:
-    statuses = {r.name: RoleStatus(r.name, []) for r in record.roles}
-    for rep in record.replicas:
-        code = st.codes[rep.index]
-        statuses.setdefault(rep.role, RoleStatus(rep.role, [])).replicas.append(
-            ReplicaStatus(
-                id=rep.replica_id,
-                state=AppState[st.states[rep.index]],
-                role=rep.role,
-                hostname=record.host,
-                exit_code=code if isinstance(code, int) else None,
-                structured_error_msg=NONE
-                if code in (None, 0)
-                else f"{rep.role}/{rep.replica_id} {describe_code(code)}",
-            )
-        )
-    roles = [
-        Role(name=r.name, image=r.image, entrypoint=r.entrypoint, args=list(r.args),
-             env=dict(r.env), num_replicas=r.num_replicas, resource=Resource(*r.resource))
-        for r in record.roles
-    ]  # fmt: skip
-    return DescribeAppResponse(
-        app_id=app_id,
-        state=AppState[st.state],
-        num_restarts=0,
-        msg=st.msg or NONE,
-        roles_statuses=list(statuses.values()),
-        roles=roles,
-    )
 
 
 def _remove(app: AppDir) -> bool:

@@ -1,0 +1,88 @@
+"""Pre-flight checks of a local app (``LocalScheduler.preflight``): every role's entrypoint
+resolvable and executable, its working directory there and writable, the log directory
+writable. Nothing is started or written (writability is asked of the kernel with
+``access(2)``); every problem is reported, each naming its field."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from core.reports import Problem
+from core.schedulers.local.images import ImageProvider
+from core.schedulers.local.options import LocalOpts, local_opts
+from core.specs import AppDryRunInfo, Role
+
+__all__ = ["preflight"]
+
+
+def preflight(
+    info: AppDryRunInfo[Any],
+    provider_class: Callable[[LocalOpts], ImageProvider],
+    extra_paths: list[str],
+) -> list[Problem]:
+    """The problems a submit of ``info`` would hit (see the module docs)."""
+    app, cfg = info.app, info.cfg or {}
+    if app is None:
+        return []
+    try:
+        opts = local_opts(cfg)
+    except ValueError as e:
+        return [Problem("cfg", str(e))]
+    problems: list[Problem] = []
+    provider = provider_class(opts)
+    for i, role in enumerate(app.roles):
+        problems += _role_problems(provider, role, f"roles[{i}]", opts, extra_paths)
+    log_root = opts.get("log_dir")
+    if log_root:
+        problems += _dir_problems(
+            os.path.abspath(os.path.expanduser(log_root)), "cfg.log_dir", True
+        )
+    return problems
+
+
+def _role_problems(
+    provider: ImageProvider, role: Role, where: str, opts: LocalOpts, extra_paths: list[str]
+) -> list[Problem]:
+    try:
+        img_root = provider.fetch_role(role)
+    except ValueError as e:
+        return [Problem(f"{where}.image", str(e).removeprefix("image: "))]
+    cwd = provider.get_cwd(img_root) or os.getcwd()
+    problems = _dir_problems(cwd, f"{where}.image", False, "working directory")
+    entrypoint = provider.get_entrypoint(img_root, role)
+    path = role.env.get("PATH", os.environ.get("PATH", os.defpath))
+    prefix = [*([cwd] if opts.get("prepend_cwd") else []), *extra_paths]
+    path = os.pathsep.join([*prefix, *([path] if path else [])])
+    problem = _entrypoint_problem(entrypoint, cwd, path)
+    if problem:
+        problems.append(Problem(f"{where}.entrypoint", problem))
+    return problems
+
+
+def _entrypoint_problem(entrypoint: str, cwd: str, path: str) -> str | None:
+    if os.sep in entrypoint:
+        full = entrypoint if os.path.isabs(entrypoint) else os.path.join(cwd, entrypoint)
+        if not os.path.isfile(full):
+            return f"{entrypoint!r} does not exist"
+        if not os.access(full, os.X_OK):
+            return f"{entrypoint!r} is not executable"
+        return None
+    if shutil.which(entrypoint, path=path) is None:
+        return f"{entrypoint!r} was not found on PATH"
+    return None
+
+
+def _dir_problems(path: str, field: str, creatable: bool, what: str = "directory") -> list[Problem]:
+    """``path`` is a writable directory (or, if ``creatable``, its nearest existing parent is)."""
+    probe = path
+    if creatable:
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return [Problem(field, f"{what} {path!r} does not exist or is not a directory")]
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return [Problem(field, f"{what} {probe!r} is not writable")]
+    return []

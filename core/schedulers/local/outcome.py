@@ -1,0 +1,168 @@
+"""What a local app's replicas produced and used: results (``result.<role>.<k>.json`` in the
+app's directory, the replicas' ``$SHIPYARD_RESULT_FILE``) and usage (each replica's ``wait4``
+rusage, recorded by the process that reaps its wrapper: :func:`record_reaped`).
+
+Usage is known for replicas whose wrapper was reaped by the submitting process (its background
+thread does it as soon as a wrapper exits). Replicas that outlive their submitter are reaped by
+init: their usage stays unknown (None).
+
+A replica killed by SIGKILL while the kernel counted a new OOM kill (``oom_kill`` of
+``/proc/vmstat``) since the reaper last looked is taken as killed by the OOM killer; other
+processes' OOM kills in that window could be mistaken for its own (the kernel does not say
+whom it killed anywhere a process can read without privileges).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from collections.abc import Mapping
+
+from core.reports import MAX_RESULT_BYTES, ReplicaResult, oom_message, parse_result
+from core.schedulers.api import DescribeAppResponse
+from core.schedulers.local.appdir import AppDir
+from core.schedulers.local.records import AppRecord, FinalState
+from core.schedulers.local.supervise import describe_code
+from core.specs import NONE, AppState, ReplicaStatus, Resource, ResourceUsage, Role, RoleStatus
+
+__all__ = ["OomCounter", "apply_usage", "read_results", "record_reaped", "response"]
+
+_KILLED = (137, -9)  # a shell's code for a SIGKILLed command; a wrapper killed itself
+
+
+def read_results(app: AppDir, record: AppRecord) -> list[ReplicaResult]:
+    """The results of the collected replicas (replica 0 of each role unless ``all``)."""
+    out = []
+    for rep in record.replicas:
+        if record.results != "all" and rep.replica_id != 0:
+            continue
+        path = app.result_file(rep.role, rep.replica_id)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                data = None if size > MAX_RESULT_BYTES else f.read(MAX_RESULT_BYTES + 1)
+        except FileNotFoundError:
+            out.append(parse_result(rep.role, rep.replica_id, None))
+            continue
+        except OSError as e:
+            res = ReplicaResult(rep.role, rep.replica_id, present=True)
+            res.error = f"{rep.role}/{rep.replica_id}: cannot read its result file: {e}"
+            out.append(res)
+            continue
+        out.append(parse_result(rep.role, rep.replica_id, data, size if data is None else None))
+    return out
+
+
+class OomCounter:
+    """The kernel's count of OOM kills (``/proc/vmstat`` ``oom_kill``), as last seen."""
+
+    def __init__(self) -> None:
+        self.seen = self.read()
+
+    @staticmethod
+    def read() -> int | None:
+        try:
+            with open("/proc/vmstat", "rb") as f:
+                for line in f:
+                    if line.startswith(b"oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def new_kill(self) -> bool:
+        """True if the count grew since the last look."""
+        now = self.read()
+        grew = now is not None and self.seen is not None and now > self.seen
+        self.seen = now
+        return grew
+
+
+def record_reaped(
+    app: AppDir, g: int, rusage: resource.struct_rusage, by_signal: int, oom: OomCounter
+) -> None:
+    """Records what replica ``g`` used, from its wrapper's ``wait4`` rusage (the wrapper waits
+    for its command, so the figures are the command's)."""
+    code = app.exits().get(g, -by_signal if by_signal else None)
+    killed = code in _KILLED
+    usage = {
+        "end": time.time(),
+        "cpu": rusage.ru_utime + rusage.ru_stime,
+        "maxrss": rusage.ru_maxrss * 1024,  # (KiB on Linux)
+        "oom": bool(killed and oom.new_kill()),
+    }
+    app.record_usage(g, json.dumps(usage, separators=(",", ":")))
+
+
+def apply_usage(resp: DescribeAppResponse, app: AppDir, record: AppRecord) -> None:
+    """Puts the recorded usage on the replicas of ``resp``; an OOM-killed replica's message
+    says so (with its peak and what it asked for)."""
+    lines = app.usages()
+    if not lines:
+        return
+    requested = {r.name: r.resource[2] for r in record.roles}
+    by_replica: Mapping[tuple[str, int], int] = {
+        (r.role, r.replica_id): r.index for r in record.replicas
+    }
+    ooms = []
+    for rs in resp.roles_statuses:
+        for status in rs.replicas:
+            g = by_replica.get((rs.role, status.id))
+            text = lines.get(g) if g is not None else None
+            if text is None:
+                continue
+            try:
+                u = json.loads(text)
+            except ValueError:
+                continue
+            mem = requested.get(rs.role, -1)
+            spawned = record.replicas[g].spawned if g is not None else u["end"]
+            status.usage = ResourceUsage(
+                wall_time=max(0.0, u["end"] - spawned),
+                cpu_time=u["cpu"],
+                peak_memory=u["maxrss"],
+                requested_memory=mem * (1 << 20) if mem > 0 else None,
+                oom_killed=bool(u.get("oom")),
+            )
+            if status.usage.oom_killed and status.state == AppState.FAILED:
+                msg = f"{rs.role}/{status.id} " + oom_message(
+                    status.usage.peak_memory, status.usage.requested_memory
+                )
+                status.structured_error_msg = msg
+                ooms.append(msg)
+    if ooms:
+        resp.msg = "; ".join([*ooms, *([] if resp.msg in ("", "<NONE>") else [resp.msg])])
+
+
+def response(app_id: str, record: AppRecord, st: FinalState) -> DescribeAppResponse:
+    """The describe response of an app in state ``st``."""
+    statuses = {r.name: RoleStatus(r.name, []) for r in record.roles}
+    for rep in record.replicas:
+        code = st.codes[rep.index]
+        statuses.setdefault(rep.role, RoleStatus(rep.role, [])).replicas.append(
+            ReplicaStatus(
+                id=rep.replica_id,
+                state=AppState[st.states[rep.index]],
+                role=rep.role,
+                hostname=record.host,
+                exit_code=code if isinstance(code, int) else None,
+                structured_error_msg=NONE
+                if code in (None, 0)
+                else f"{rep.role}/{rep.replica_id} {describe_code(code)}",
+            )
+        )
+    roles = [
+        Role(name=r.name, image=r.image, entrypoint=r.entrypoint, args=list(r.args),
+             env=dict(r.env), num_replicas=r.num_replicas, resource=Resource(*r.resource))
+        for r in record.roles
+    ]  # fmt: skip
+    return DescribeAppResponse(
+        app_id=app_id,
+        state=AppState[st.state],
+        num_restarts=0,
+        msg=st.msg or NONE,
+        roles_statuses=list(statuses.values()),
+        roles=roles,
+    )
