@@ -183,7 +183,7 @@ class ShipyardWorkerResult(BaseWorkerResult):
 def idempotency_key(flow_run_id: uuid.UUID, scheduled_state_id: uuid.UUID | None) -> str:
     """The key a flow run's job is submitted with: the flow run and the scheduled state the worker
     picked up (a manual retry schedules it again, and gets a new job)."""
-    return f"prefect-flow-run-{flow_run_id}-{str(scheduled_state_id)[:8]}"
+    return f"prefect-flow-run-{flow_run_id}-{scheduled_state_id}"
 
 
 def _app_name(configuration: ShipyardJobConfiguration, flow_run: FlowRun) -> str:
@@ -239,6 +239,8 @@ def flow_run_app(
     if argv[0] == "python" and scheduler != "local_docker":
         argv[0] = sys.executable  # the worker's interpreter, as Prefect's process worker does
     env = {k: v for k, v in configuration.env.items() if v is not None}
+    if scheduler == "local_docker":
+        env.pop("PREFECT_HOME", None)  # the worker's directory; the image has its own home
     api_url = _job_api_url(configuration, scheduler)
     if api_url:
         env["PREFECT_API_URL"] = api_url

@@ -19,7 +19,7 @@
 #   run/NAME.pid         the pid of each process; logs/NAME.out its output
 #   shipyard-state/      SHIPYARD_STATE_DIR of the worker (local jobs' records)
 #   work/                the worker's working directory (local_cwd jobs run there)
-#   api_url              the API's URL; pool the work pool's name
+#   api_url              the API's URL; pool the work pool's name; poll the worker's poll interval
 #
 #   scripts/start_prefect.sh             # start (or check) the deployment
 #   scripts/start_prefect.sh --stop      # stop the processes this script started (by pid)
@@ -84,12 +84,14 @@ start=$SECONDS
 [ -x "$VENV/bin/prefect" ] || die "$VENV/bin/prefect is missing (run scripts/setup.sh)"
 if ! command -v socat >/dev/null; then
     log "installing socat"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq || log "apt-get update failed; trying the package lists already here"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat >/dev/null ||
         die "socat is missing (apt-get install socat)"
 fi
 install -d -m 700 "$PHOME" "$RUN" "$LOGS" "$PHOME/home" "$PHOME/shipyard-state" "$PHOME/work"
 echo "$API_URL" >"$PHOME/api_url"
 echo "$POOL" >"$PHOME/pool"
+echo "$POLL" >"$PHOME/poll"
 
 # the processes get this environment only (nothing of the caller's PREFECT_* settings)
 run_env=(
@@ -170,7 +172,19 @@ if ! (cd "$PHOME/work" && "${run_env[@]}" "$VENV/bin/prefect" work-pool inspect 
     (cd "$PHOME/work" && "${run_env[@]}" "$VENV/bin/prefect" work-pool create -t shipyard "$POOL" >"$LOGS/pool.out" 2>&1) ||
         die "prefect work-pool create failed: $(tail -5 "$LOGS/pool.out")"
 fi
+# a worker that runs older code than the checkout's is started again (it finds its runs again)
+code=$(cat "$REPO"/prefect_tasks/*.py "$REPO"/core/runner.py | cksum | cut -d' ' -f1)
+if pid_alive worker && [ "$(cat "$RUN/worker.code" 2>/dev/null)" != "$code" ]; then
+    log "restarting the worker (prefect_tasks changed)"
+    kill -TERM "$(cat "$RUN/worker.pid")"
+    deadline=$((SECONDS + 60))
+    while pid_alive worker; do
+        [ "$SECONDS" -lt "$deadline" ] || die "the worker (pid $(cat "$RUN/worker.pid")) does not stop"
+        sleep 0.2
+    done
+fi
 if ! pid_alive worker; then
+    echo "$code" >"$RUN/worker.code"
     : >"$LOGS/worker.out"
     spawn worker "$VENV/bin/prefect" worker start -p "$POOL" -t shipyard --name "$WORKER_NAME"
 fi

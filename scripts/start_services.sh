@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the real services the tests use: a Docker engine (+ loopback registry and test images)
 # and a three-node Slurm cluster with accounting, with an SSH login node and slurmrestd in front of
-# it, and an Airflow deployment (PostgreSQL, scheduler, dag processor, triggerer, API server).
+# it, an Airflow deployment (PostgreSQL, scheduler, dag processor, triggerer, API server), and a
+# Prefect server with a Shipyard worker (and the image its Docker flow runs use).
 # Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -9,3 +10,4 @@ bash ./start_docker.sh
 bash ./start_slurm.sh
 bash ./start_slurm_remote.sh
 bash ./start_airflow.sh
+bash ./start_prefect.sh
