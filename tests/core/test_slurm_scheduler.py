@@ -284,6 +284,7 @@ def test_run_opts_and_states() -> None:
         "mail-type",
         "job_dir",
         "cluster",
+        "result_replicas",  # issue 19: whose results Runner.result reads
     ]
     assert SLURM_STATES["COMPLETED"] == AppState.SUCCEEDED
     assert SLURM_STATES["OUT_OF_MEMORY"] == AppState.FAILED

@@ -13,6 +13,13 @@ from datetime import datetime
 from typing import Any, TypedDict
 
 from core.clusters import ClusterConfig, ClusterError, get_cluster
+from core.reports import (
+    RESULT_REPLICAS_HELP,
+    RESULT_REPLICAS_OPT,
+    Problem,
+    ReplicaResult,
+    result_replicas,
+)
 from core.schedulers.api import (
     IDEMPOTENCY_KEY,
     DescribeAppResponse,
@@ -22,6 +29,7 @@ from core.schedulers.api import (
     check_stream,
     filter_regex,
 )
+from core.schedulers.slurm import outcome
 from core.schedulers.slurm.jobinfo import JobInfo, app_state, to_response
 from core.schedulers.slurm.logs import read_lines
 from core.schedulers.slurm.script import (
@@ -85,6 +93,7 @@ SlurmOpts = TypedDict(
         "mail-type": str | None,
         "job_dir": str | None,
         "cluster": str | None,
+        "result_replicas": str,
     },
     total=False,
 )
@@ -117,6 +126,7 @@ def run_opts() -> runopts:
         help="A named cluster of clusters.yaml (or registered in this process), reached"
         " over SSH or slurmrestd; default: this host's Slurm commands.",
     )
+    opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     return opts
 
 
@@ -144,6 +154,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         self._created_job_dirs: set[str] = set()
         self._made_dirs: set[str] = set()
         self._probed: set[str] = set()  # clusters reached once (their settings work)
+        self._usage: dict[str, dict[str, Any]] = {}  # of ended jobs, once accounting has all
 
     # -- clusters ------------------------------------------------------------------------------
 
@@ -205,6 +216,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
 
     def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
         _validate_options(cfg)
+        result_replicas(cfg.get(RESULT_REPLICAS_OPT))
         for i, role in enumerate(app.roles):
             if role.max_retries > 0 and role.retry_policy != RetryPolicy.APPLICATION:
                 raise ValueError(
@@ -309,6 +321,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             app_name=app.name,
             cluster=cluster,
             key=key_token(str(key)) if key else None,
+            result_replicas=result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
         )
         req.order_components()
         return AppDryRunInfo(req, lambda r: r.materialize())
@@ -418,14 +431,56 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         """The job's state, restarts and per-replica states, exit codes and nodes (None if
         Slurm does not know ``app_id``). One controller call while the controller knows it."""
         info = self._job_infos([app_id]).get(app_id)
-        return to_response(info, app_id) if info else None
+        return self._with_usage(to_response(info, app_id)) if info else None
 
     def describe_many(self, app_ids: Iterable[str]) -> dict[str, DescribeAppResponse | None]:
         """Describes several jobs with one controller call per cluster (and at most one
         accounting call)."""
         ids = list(app_ids)
         infos = self._job_infos(ids)
-        return {a: (to_response(infos[a], a) if a in infos else None) for a in ids}
+        return {
+            a: (self._with_usage(to_response(infos[a], a)) if a in infos else None) for a in ids
+        }
+
+    def _with_usage(self, resp: DescribeAppResponse) -> DescribeAppResponse:
+        """``resp`` with each replica's usage from accounting, once the job ended (asked of
+        accounting until it has every replica's step, then remembered)."""
+        if not is_terminal(resp.state):
+            return resp
+        usage = self._usage.get(resp.app_id)
+        if usage is None:
+            parts = _split(resp.app_id)
+            found = None if parts is None else outcome.fetch_usage(self.client(parts[0]), parts[1])
+            if found is None:
+                return resp
+            usage = found
+            if outcome.complete(resp, usage):
+                self._usage[resp.app_id] = usage
+        outcome.apply_usage(resp, usage)
+        return resp
+
+    def read_results(self, app_id: str) -> list[ReplicaResult]:
+        """The replicas' results, from the job's result directory on the cluster."""
+        parts = _split(app_id)
+        desc = self.describe(app_id) if parts is not None else None
+        workdir = self._workdirs.get(app_id)
+        if parts is None or desc is None or not workdir:
+            raise ValueError(f"app_id: slurm does not know job {app_id!r}")
+        files = _files_or_fail(self.client(parts[0]), parts[0], "results")
+        replicas = [(rs.role, r.id) for rs in desc.roles_statuses for r in rs.replicas]
+        return outcome.read_results(files, workdir, parts[1], replicas)
+
+    def preflight(self, dryrun_info: AppDryRunInfo[SlurmBatchRequest]) -> list[Problem]:
+        """``sbatch --test-only`` of each component (partition, constraint, time, resources),
+        with its estimated start time (an ``info`` problem)."""
+        req = dryrun_info.request
+        if req is None:
+            return []
+        client = self.client(req.cluster)
+        workdir = req.job_dir or self.default_dir(req.cluster)
+        if workdir and not (client.files or LocalFiles()).exists(workdir):
+            workdir = self.default_dir(req.cluster)  # (job_dir is created at submit)
+        return outcome.preflight(client, req, workdir)
 
     def list(self, cfg: Mapping[str, CfgVal] | None = None) -> list[ListAppResponse]:
         """The user's Slurm jobs on the cluster of ``cfg`` (default this host's): those the

@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core.reports import RESULT_FILE_ENV
 from core.specs import CfgVal, Role, macros
 
 __all__ = [
@@ -41,6 +42,15 @@ SBATCH_JOB_OPTIONS: tuple[str, ...] = (
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
 
 _APP_ID_EXPR = '"$SLURM_JOB_ID"'  # the app id is the het job's (leader's) id, known at run time
+_RESULT_DIR = "SHIPYARD_RESULT_DIR"
+
+
+def result_dir_name(job_id: str) -> str:
+    """The directory, in the job's working directory, where its replicas' results go (each
+    ``<role>-<k>.json``; a file ``all`` says every replica's is collected)."""
+    return f"shipyard-results-{job_id}"
+
+
 _KEY_MARK = "shipyard-key="
 _LOST_MARK = "shipyard-lost="
 _KEY_IN_COMMENT_RE = re.compile(r"(?:^|\s)shipyard-key=(\S+)")
@@ -159,7 +169,8 @@ class SlurmReplicaRequest:
         argv), drops every component's private names, and runs the command."""
         srun = [f"--{k}={shell_quote(v)}" for k, v in self.srun_opts.items()]
         sets = [f'{k}="${_private_name(index, i)}"' for i, k in enumerate(self.env)]
-        prelude = (f"export {' '.join(sets)}; " if sets else "") + (
+        sets.append(f'{RESULT_FILE_ENV}="${_RESULT_DIR}/{self.name}.json"')
+        prelude = f"export {' '.join(sets)}; " + (
             f"unset {' '.join(all_private)}; " if all_private else ""
         )
         cmd = [self.entrypoint, *self.args]
@@ -202,6 +213,8 @@ class SlurmBatchRequest:
     cluster: str | None = None
     #: the idempotency key's token (see :func:`key_token`), also in every component's comment
     key: str | None = None
+    #: whose results are collected: ``first`` (replica 0 of each role) or ``all``
+    result_replicas: str = "first"
 
     def order_components(self) -> None:
         """Puts the replicas that ask for no memory first: sbatch carries ``--mem`` from one
@@ -246,6 +259,11 @@ class SlurmBatchRequest:
             f"# the node of rank 0 ({self.rank0 or names[0]}: het component {rank0}; a job of one"
             " component is not heterogeneous)",
             f'export {RANK0_ENV}="${{SLURM_JOB_NODELIST_HET_GROUP_{rank0}:-$SLURM_JOB_NODELIST}}"',
+            "# results ($SHIPYARD_RESULT_FILE) and a memory sample every second (sacct MaxRSS)",
+            f'export {_RESULT_DIR}="$PWD/{result_dir_name("$SLURM_JOB_ID")}"',
+            f'mkdir -p "${_RESULT_DIR}"'
+            + (f' && : > "${_RESULT_DIR}/all"' if self.result_replicas == "all" else ""),
+            'export SLURM_ACCTG_FREQ="${SLURM_ACCTG_FREQ:-task=1}"',
             "# the replicas' environment, kept out of every command line",
         ]
         for i, rep in enumerate(reps):

@@ -10,6 +10,10 @@ export PYTHONUNBUFFERED=1
 export SLURM_UNBUFFEREDIO=1
 # the node of rank 0 (worker-0: het component 0; a job of one component is not heterogeneous)
 export SHIPYARD_RANK0_HOST="${SLURM_JOB_NODELIST_HET_GROUP_0:-$SLURM_JOB_NODELIST}"
+# results ($SHIPYARD_RESULT_FILE) and a memory sample every second (sacct MaxRSS)
+export SHIPYARD_RESULT_DIR="$PWD/shipyard-results-$SLURM_JOB_ID"
+mkdir -p "$SHIPYARD_RESULT_DIR"
+export SLURM_ACCTG_FREQ="${SLURM_ACCTG_FREQ:-task=1}"
 # the replicas' environment, kept out of every command line
 export SHIPYARD_ENV_0_0="$SLURM_JOB_ID"
 export SHIPYARD_ENV_0_1=worker
@@ -17,7 +21,7 @@ export SHIPYARD_ENV_0_2=0
 export SHIPYARD_ENV_0_3=1
 
 srun \
-    --output=slurm-"$SLURM_JOB_ID"-worker-0.out --error=slurm-"$SLURM_JOB_ID"-worker-0.err --open-mode=append /bin/sh -c 'export SHIPYARD_APP_ID="$SHIPYARD_ENV_0_0" SHIPYARD_ROLE_NAME="$SHIPYARD_ENV_0_1" SHIPYARD_REPLICA_ID="$SHIPYARD_ENV_0_2" SHIPYARD_NUM_REPLICAS="$SHIPYARD_ENV_0_3"; unset SHIPYARD_ENV_0_0 SHIPYARD_ENV_0_1 SHIPYARD_ENV_0_2 SHIPYARD_ENV_0_3; exec "$@"' shipyard-replica /bin/true
+    --output=slurm-"$SLURM_JOB_ID"-worker-0.out --error=slurm-"$SLURM_JOB_ID"-worker-0.err --open-mode=append /bin/sh -c 'export SHIPYARD_APP_ID="$SHIPYARD_ENV_0_0" SHIPYARD_ROLE_NAME="$SHIPYARD_ENV_0_1" SHIPYARD_REPLICA_ID="$SHIPYARD_ENV_0_2" SHIPYARD_NUM_REPLICAS="$SHIPYARD_ENV_0_3" SHIPYARD_RESULT_FILE="$SHIPYARD_RESULT_DIR/worker-0.json"; unset SHIPYARD_ENV_0_0 SHIPYARD_ENV_0_1 SHIPYARD_ENV_0_2 SHIPYARD_ENV_0_3; exec "$@"' shipyard-replica /bin/true
 exitcode=$?
 
 # max_retries=3: a failed attempt requeues the whole job

@@ -1,0 +1,235 @@
+"""What a Slurm app's replicas produced and used, and whether Slurm would take it.
+
+- Results: the batch script gives every component ``$SHIPYARD_RESULT_FILE`` =
+  ``<job dir>/shipyard-results-<job id>/<role>-<k>.json`` (see :mod:`.script`); they are read
+  through the cluster's files (this host, SFTP, or a REST cluster's local mount).
+- Usage: from accounting (``sacct``: ``ElapsedRaw``, ``TotalCPU``, ``MaxRSS`` of each
+  component's ``srun`` step, ``ReqMem`` of its allocation), for ended jobs over the command
+  transports (slurmrestd's accounting is not read: usage stays None there). ``MaxRSS`` is
+  sampled by the job accounting plugin; the script asks for a sample every second
+  (``--acctg-freq=task=1``). A component ending ``OUT_OF_MEMORY`` is named so.
+- Pre-flight: ``sbatch --test-only`` of each component alone (partition, constraint, time,
+  resources), with Slurm's estimated start time as an ``info`` problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+from collections.abc import Iterable
+
+from core.reports import (
+    MAX_RESULT_BYTES,
+    Problem,
+    ReplicaResult,
+    oom_message,
+    parse_result,
+)
+from core.schedulers.api import DescribeAppResponse
+from core.schedulers.slurm.jobinfo import SEP, slurm_state
+from core.schedulers.slurm.script import SlurmBatchRequest, result_dir_name
+from core.schedulers.slurm.transport import (
+    CommandClient,
+    Files,
+    SlurmClient,
+    TransportError,
+    submit_error,
+)
+from core.specs import AppState, ResourceUsage, is_terminal
+
+log = logging.getLogger(__name__)
+
+__all__ = ["USAGE_FIELDS", "apply_usage", "parse_usage", "preflight", "read_results"]
+
+USAGE_FIELDS = ("JobID", "JobName", "State", "ElapsedRaw", "TotalCPU", "MaxRSS", "ReqMem")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_START_RE = re.compile(r"to start at (\S+)(?: using (\d+) processors)?(?: on nodes (\S+))?")
+
+
+# -- results ---------------------------------------------------------------------------------------
+
+
+def read_results(
+    files: Files, workdir: str, job_id: str, replicas: Iterable[tuple[str, int]]
+) -> list[ReplicaResult]:
+    """The results of ``replicas`` (``(role, k)``) from the job's result directory (replica 0
+    of each role unless the job's script marked ``all``)."""
+    base = posixpath.join(workdir, result_dir_name(job_id))
+    everyone = _exists(files, posixpath.join(base, "all"))
+    out = []
+    for role, k in replicas:
+        if k != 0 and not everyone:
+            continue
+        out.append(_read_one(files, posixpath.join(base, f"{role}-{k}.json"), role, k))
+    return out
+
+
+def _exists(files: Files, path: str) -> bool:
+    reader = files.open_reader(path)
+    if reader is None:
+        return False
+    reader.close()
+    return True
+
+
+def _read_one(files: Files, path: str, role: str, k: int) -> ReplicaResult:
+    try:
+        reader = files.open_reader(path)
+        if reader is None:
+            return parse_result(role, k, None)
+        try:
+            data = b""
+            while len(data) <= MAX_RESULT_BYTES:
+                chunk = reader.read(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            reader.close()
+    except (OSError, TransportError) as e:
+        res = ReplicaResult(role, k, present=True)
+        res.error = f"{role}/{k}: cannot read its result file {path}: {e}"
+        return res
+    if len(data) > MAX_RESULT_BYTES:  # (read only one chunk past the limit)
+        return parse_result(role, k, None, size=len(data))
+    return parse_result(role, k, data)
+
+
+# -- usage ----------------------------------------------------------------------------------------
+
+
+def _bytes(text: str) -> int | None:
+    """``218432K`` / ``1000M`` / ``4000Mn`` as bytes."""
+    m = re.fullmatch(r"([\d.]+)([KMGTP]?)[nc]?", text.strip())
+    if not m:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _seconds(text: str) -> float | None:
+    """sacct's ``[DD-[HH:]]MM:SS[.mmm]`` as seconds."""
+    text = text.strip()
+    if not text:
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = rest.split(":")
+    try:
+        secs = sum(float(p) * 60**i for i, p in enumerate(reversed(parts)))
+        return secs + (int(days) * 86400 if days else 0)
+    except ValueError:
+        return None
+
+
+def parse_usage(out: str) -> dict[str, tuple[ResourceUsage, str]]:
+    """``sacct -P --delimiter=SEP -o USAGE_FIELDS`` rows as each component's usage and the
+    state of its step, keyed by component name (``role-k``)."""
+    names: dict[str, str] = {}  # allocation id -> component name
+    req: dict[str, int | None] = {}
+    found: dict[str, tuple[ResourceUsage, str]] = {}
+    for line in out.splitlines():
+        parts = line.split(SEP)
+        if len(parts) < len(USAGE_FIELDS):
+            continue
+        job_id, name, state, elapsed, cpu, maxrss, reqmem = parts[: len(USAGE_FIELDS)]
+        alloc, _, step = job_id.partition(".")
+        if not step:
+            names[alloc], req[alloc] = name, _bytes(reqmem)
+            continue
+        if not step.isdigit() or alloc not in names:
+            continue  # (the batch and extern steps are not the replica)
+        usage = ResourceUsage(
+            wall_time=float(elapsed) if elapsed.isdigit() else None,
+            cpu_time=_seconds(cpu),
+            peak_memory=_bytes(maxrss) if maxrss else None,
+            requested_memory=req.get(alloc),
+        )
+        usage.oom_killed = slurm_state(state) == "OUT_OF_MEMORY"
+        found[names[alloc]] = (usage, slurm_state(state))
+    return found
+
+
+def fetch_usage(client: SlurmClient, job_id: str) -> dict[str, tuple[ResourceUsage, str]] | None:
+    """The usage of an ended job's components from accounting (None: not available)."""
+    if not isinstance(client, CommandClient):
+        return None
+    argv = ["sacct", "-n", "-P", f"--delimiter={SEP}", "-j", job_id, "-o", ",".join(USAGE_FIELDS)]
+    try:
+        p = client.shell.run(argv)
+    except TransportError as e:
+        log.debug("sacct usage of %s: %s", job_id, e)
+        return None
+    return parse_usage(p.stdout) if p.returncode == 0 else None
+
+
+def apply_usage(resp: DescribeAppResponse, usage: dict[str, tuple[ResourceUsage, str]]) -> None:
+    """Puts each component's usage on its replica; an OOM-killed one's message says so."""
+    ooms = []
+    for rs in resp.roles_statuses:
+        for r in rs.replicas:
+            found = usage.get(f"{rs.role}-{r.id}")
+            if found is None:
+                continue
+            r.usage = found[0]
+            if r.usage.oom_killed:
+                msg = f"{rs.role}/{r.id} " + oom_message(
+                    r.usage.peak_memory, r.usage.requested_memory
+                )
+                r.structured_error_msg = msg
+                r.state = AppState.FAILED
+                ooms.append(msg)
+    if ooms:
+        resp.msg = "; ".join([*ooms, resp.msg])
+
+
+def complete(resp: DescribeAppResponse, usage: dict[str, tuple[ResourceUsage, str]]) -> bool:
+    """True if accounting has every replica's ended step (the usage will not change)."""
+    return is_terminal(resp.state) and all(
+        f"{rs.role}-{r.id}" in usage for rs in resp.roles_statuses for r in rs.replicas
+    )
+
+
+# -- pre-flight -----------------------------------------------------------------------------------
+
+
+def preflight(client: SlurmClient, req: SlurmBatchRequest, workdir: str | None) -> list[Problem]:
+    """``sbatch --test-only`` of each component alone: its problems, each naming the cfg or
+    role field Slurm complained about, and its estimated start (``info``)."""
+    if not isinstance(client, CommandClient):
+        return [
+            Problem(
+                "cfg.cluster",
+                "slurmrestd has no test-only submission: partition, time and resources are"
+                " checked at submit",
+                "warning",
+            )
+        ]
+    problems = []
+    for name, rep in req.replicas.items():
+        one = SlurmBatchRequest(cmd=req.cmd, replicas={name: rep}, job_dir=req.job_dir,
+                                max_retries=0, app_name=req.app_name)  # fmt: skip
+        try:
+            p = client.shell.run(
+                ["sbatch", "--test-only"], stdin=one.materialize(), cwd=workdir, retry=True
+            )
+        except TransportError as e:
+            return [Problem("cfg.cluster", f"cannot reach the cluster: {e}")]
+        text = (p.stderr + p.stdout).strip()
+        if p.returncode != 0:
+            opts: dict[str, object] = dict(rep.sbatch_opts)
+            err = submit_error(text.replace("sbatch: error: ", ""), opts)
+            problems.append(_problem(name, str(err)))
+            continue
+        m = _START_RE.search(text)
+        when = f"would start at {m.group(1)}" if m else text
+        if m and m.group(3):
+            when += f" on {m.group(3)}"
+        problems.append(Problem(f"replica {name}", when, "info"))
+    return problems
+
+
+def _problem(name: str, text: str) -> Problem:
+    field, sep, rest = text.partition(": ")
+    if sep and (field.startswith("cfg.") or field.startswith("resource.")):
+        return Problem(field, f"{name}: {rest}")
+    return Problem(f"replica {name}", text)
