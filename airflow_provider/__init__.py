@@ -57,6 +57,7 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {"integration-name": "Shipyard", "python-modules": ["airflow_provider.hooks.shipyard"]}
         ],
+        "extra-links": ["airflow_provider.links.ShipyardJobLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_provider.hooks.shipyard.ShipyardHook",

@@ -44,6 +44,11 @@ CONN_FIELDS: dict[str, Any] = {
         "description": "how to reach a Slurm cluster that is not this worker",
     },
     "rest_url": {"label": "slurmrestd URL", "schema": {"type": ["string", "null"]}},
+    "ui_url": {
+        "label": "Job page URL template",
+        "schema": {"type": ["string", "null"]},
+        "description": "the task's 'Shipyard job' link, e.g. https://grafana.example/d/x?job={job_id}",
+    },
     "private_key": {
         "label": "SSH private key",
         "schema": {"type": ["string", "null"], "format": "password"},

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import os
 import queue
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,9 +34,11 @@ from airflow_provider._common import (
     to_app_def,
 )
 from airflow_provider.hooks.shipyard import ShipyardHook
+from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_url
 from airflow_provider.triggers import ShipyardJobTrigger
-from core.follow import LogCursor, lines_after
-from core.runner import AppFailedError, LogLine, Runner
+from core.follow import END, LogCursor, LogFollower, lines_after
+from core.polling import status_poller
+from core.runner import AppFailedError, Runner
 from core.schedulers import get_default_scheduler_name
 from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
 
@@ -49,9 +50,8 @@ __all__ = ["ShipyardJobFailedError", "ShipyardOperator"]
 
 # how long the task waits for the last log lines after the app ended
 _LOG_DRAIN_TIMEOUT = 30.0
-_END = object()
-# consecutive failed status calls tolerated while waiting
-_MAX_STATUS_ERRORS = 5
+# what the status poller puts in the log queue when the app has a new status
+_WAKE: Any = object()
 
 
 class ShipyardJobFailedError(AirflowException):
@@ -85,6 +85,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             login node) giving the scheduler, default run options and the Slurm cluster to
             reach (templated); ``scheduler`` and ``cfg`` given here win over it
         durable: re-attach to the job on retries (see the module docs)
+        ui_url: a URL template of the job's page in a dashboard (templated; default: the
+            connection's extra ``ui_url``, then ``$SHIPYARD_UI_URL``), shown as the task's
+            "Shipyard job" link; see :mod:`airflow_provider.links`
 
     Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
     and ``state`` (the app state's name). The task fails with the job's state, exit codes and
@@ -100,10 +103,12 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         "env",
         "session_name",
         "shipyard_conn_id",
+        "ui_url",
     )
     template_ext: Sequence[str] = APP_FILE_EXTS
     template_fields_renderers = {"app": "yaml", "cfg": "json", "env": "json"}
     ui_color = "#cfe3f7"
+    operator_extra_links = (ShipyardJobLink(),)
     external_id_key = "shipyard_app_handle"
 
     def __init__(
@@ -119,6 +124,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         session_name: str | None = None,
         shipyard_conn_id: str | None = None,
+        ui_url: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -141,6 +147,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self.deferrable = deferrable
         self.session_name = session_name
         self.shipyard_conn_id = shipyard_conn_id
+        self.ui_url = ui_url
         self._conn_settings: tuple[str | None, dict[str, Any]] | None = None
         self._handle: AppHandle | None = None
         self._submit_key: str | None = None
@@ -318,7 +325,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                         method_name="execute_complete",
                         timeout=self.execution_timeout,
                     )
-                self._log_all_lines(runner, handle)
+                self._log_lines_after(runner, handle, LogCursor())
             else:
                 status = self._wait_streaming(runner, handle)
             self._result = self._finish(runner, context, handle, status)
@@ -331,7 +338,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         # an earlier try's job that already succeeded: show its logs and take its result
         self._handle = handle
         with self._runner() as runner:
-            self._log_all_lines(runner, handle)
+            self._log_lines_after(runner, handle, LogCursor())
             return self._finish(runner, context, handle, runner.status(handle))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
@@ -393,67 +400,37 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
     def _wait_streaming(self, runner: Runner, handle: AppHandle) -> AppStatus | None:
         """Waits for the app to end, logging its lines (``role/k line``) as they are produced.
 
-        A daemon thread follows the logs; the lines are logged from this (the task's main)
-        thread, which also polls the status, backing off from 0.05 s to ``poll_interval``. Once
-        the app ended, lines the follower missed (a replica whose log could not be followed yet)
-        are logged from the complete logs, so every line reaches the task log once, in order.
+        A :class:`~core.follow.LogFollower` thread reads the logs and the process's status
+        poller (:func:`core.polling.status_poller`) watches the app; the lines are logged from
+        this (the task's main) thread. Once the app ended, lines the follower missed are logged
+        from the complete logs, so every line reaches the task log once, in order.
         """
-        lines: queue.Queue[object] = queue.Queue()
-        logged: dict[tuple[str, int], int] = {}
-
-        def follow() -> None:
-            follower = make_runner(self.session_name)
-            try:
-                for line in follower.stream_logs(handle, should_tail=True):
-                    lines.put(line)
-            except Exception as e:
-                self.log.warning("cannot follow the logs of %s: %s", handle, e)
-            finally:
-                follower.close()
-                lines.put(_END)
-
-        threading.Thread(target=follow, daemon=True, name=f"logs-{handle}").start()
-        delay = min(0.05, self.poll_interval)
-        next_poll = 0.0
+        lines: queue.Queue[Any] = queue.Queue()
+        cursor = LogCursor()
+        follower = LogFollower(
+            handle, lines.put, runner_factory=lambda: make_runner(self.session_name)
+        ).start()
         ended = False
-        errors = 0
-        while True:
-            now = time.monotonic()
-            if now >= next_poll:
-                try:
-                    status = runner.status(handle)
-                    errors = 0
-                except Exception as e:
-                    # a backend hiccup must not fail the task (and leave the job unwatched)
-                    errors += 1
-                    if errors >= _MAX_STATUS_ERRORS:
-                        raise
-                    self.log.warning(
-                        "cannot describe %s (%d/%d): %s", handle, errors, _MAX_STATUS_ERRORS, e
-                    )
-                    next_poll = now + self.poll_interval
-                    continue
-                if status is None or status.is_terminal():
-                    break
-                next_poll = now + delay
-                delay = min(delay * 2, self.poll_interval)
+        try:
+            with status_poller().watch(handle, self.poll_interval, self.log, runner) as watch:
+                watch.add_listener(lambda: lines.put(_WAKE))
+                while True:
+                    fresh, status = watch.take()
+                    if fresh and (status is None or status.is_terminal()):
+                        break
+                    ended = self._drain(lines, cursor, self.poll_interval) or ended
             if not ended:
-                ended = self._drain(lines, logged, max(0.0, next_poll - time.monotonic()))
-            else:
-                time.sleep(max(0.0, next_poll - time.monotonic()))
-        if not ended:
-            self._drain(lines, logged, _LOG_DRAIN_TIMEOUT, until_end=True)
-        self._log_all_lines(runner, handle, skip=logged)
+                self._drain(lines, cursor, _LOG_DRAIN_TIMEOUT, until_end=True)
+        finally:
+            follower.stop()
+        self._log_lines_after(runner, handle, cursor)
         return status
 
     def _drain(
-        self,
-        lines: queue.Queue[object],
-        logged: dict[tuple[str, int], int],
-        timeout: float,
-        until_end: bool = False,
+        self, lines: queue.Queue[Any], cursor: LogCursor, timeout: float, until_end: bool = False
     ) -> bool:
-        """Logs queued lines for up to ``timeout`` seconds; True once the end marker came."""
+        """Logs queued lines for up to ``timeout`` seconds, returning early at a new status
+        (unless ``until_end``); True once the follower's end marker came."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -463,30 +440,15 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                 if until_end:
                     self.log.warning("stopped waiting for the last log lines after %ss", timeout)
                 return False
-            if item is _END:
+            if item is END:
                 return True
-            assert isinstance(item, LogLine)
-            key = (item.role, item.replica)
-            logged[key] = logged.get(key, 0) + 1
-            self.log.info("%s", item)
-
-    def _log_all_lines(
-        self,
-        runner: Runner,
-        handle: AppHandle,
-        skip: Mapping[tuple[str, int], int] | None = None,
-    ) -> None:
-        """Logs every replica's complete log, leaving out the first ``skip[(role, k)]`` lines."""
-        skip = skip or {}
-        try:
-            for role, k in runner.replicas(handle):
-                n = 0
-                for line in runner.log_lines(handle, role, k):
-                    n += 1
-                    if n > skip.get((role, k), 0):
-                        self.log.info("%s", LogLine(role, k, line))
-        except Exception as e:
-            self.log.warning("cannot read the logs of %s: %s", handle, e)
+            if item is _WAKE:
+                if not until_end:
+                    return False
+                continue
+            index, line = item
+            if cursor.accept(index, line):
+                self.log.info("%s", line)
 
     def _log_lines_after(self, runner: Runner, handle: AppHandle, cursor: LogCursor) -> None:
         """Logs every replica's lines after ``cursor`` (what is not in the task log yet)."""
@@ -500,6 +462,19 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         ti = context["ti"]
         ti.xcom_push(key="app_id", value=parse_app_handle(handle).app_id)
         ti.xcom_push(key="state", value=status.state.name if status else "UNKNOWN")
+        url = job_url(handle, status, self._ui_url_template())
+        if url:
+            ti.xcom_push(key=ShipyardJobLink().xcom_key, value=url)
+
+    def _ui_url_template(self) -> str | None:
+        """The task's ``ui_url``, else its connection's (checked: a bad one names its field)."""
+        if self.ui_url:
+            return check_ui_url_template(self.ui_url, "ui_url")
+        if self.shipyard_conn_id:
+            template = ShipyardHook(self.shipyard_conn_id).ui_url_template()
+            if template:
+                return check_ui_url_template(template, f"{self.shipyard_conn_id}: extra.ui_url")
+        return None
 
     def _finish(
         self, runner: Runner, context: Context, handle: AppHandle, status: AppStatus | None

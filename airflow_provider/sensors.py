@@ -14,6 +14,7 @@ from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.follow import LogCursor, lines_after
 from core.specs import AppState, parse_app_handle
+from core.transient import call_with_retries
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -95,7 +96,8 @@ class ShipyardJobSensor(BaseSensorOperator):
         if self.shipyard_conn_id:
             ShipyardHook(self.shipyard_conn_id).settings()  # its cluster, known here
         with make_runner() as runner:
-            status = runner.status(handle)
+            # a transient failure is retried within the budget (core.transient), then fails
+            status = call_with_retries(lambda: runner.status(handle), f"status of {handle}")
         if status is None:
             raise AirflowFailException(f"app {handle} is unknown to its scheduler")
         state = status.state.name

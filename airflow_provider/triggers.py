@@ -7,18 +7,16 @@ one over in the trigger's kwargs, the trigger checkpoints it in the task instanc
 ``shipyard_log_cursor`` as it goes (a restarted triggerer resumes from there instead of logging
 the job again) and returns it in its event, so the resumed task adds exactly the lines after it.
 
-Every trigger of one triggerer process (one event loop) shares a :class:`_StatusPoller`: the
-triggers wake on the same clock ticks and their handles are described together with
-:meth:`core.runner.Runner.status_many`, one backend call per scheduler per tick however many
-jobs are being waited on.
+Every trigger of one triggerer process shares :func:`core.polling.status_poller`: their
+handles are described together, one backend call per scheduler per poll interval however many
+jobs are being waited on, and a transient backend failure is retried within the budget of
+:mod:`core.transient` before the trigger fires an ``error`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -29,7 +27,8 @@ from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
 from airflow_provider.hooks.shipyard import connection_settings
 from core.clusters import register_cluster
 from core.follow import END, LogCursor, LogFollower, lines_after
-from core.runner import LogLine, Runner
+from core.polling import StatusWatch, status_poller
+from core.runner import LogLine
 from core.specs import AppHandle, AppStatus, parse_app_handle
 
 log = logging.getLogger(__name__)
@@ -41,66 +40,8 @@ LOG_CURSOR_XCOM_KEY = "shipyard_log_cursor"
 
 # how long the trigger waits for the last log lines after the app ended
 _LOG_DRAIN_TIMEOUT = 30.0
-# consecutive failed status calls tolerated before the trigger gives up
-_MAX_STATUS_ERRORS = 5
-# triggers that wake within this window share one status_many call
-_BATCH_WINDOW = 0.05
-
-
-class _StatusPoller:
-    """Answers status requests of many triggers with batched ``status_many`` calls."""
-
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StatusPoller] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    def __init__(self) -> None:
-        self._runner: Runner | None = None
-        self._pending: dict[AppHandle, list[asyncio.Future[AppStatus | None]]] = {}
-        self._flush: asyncio.Task[None] | None = None
-        #: number of backend batches made (for tests and metrics)
-        self.batches = 0
-
-    @classmethod
-    def for_running_loop(cls) -> _StatusPoller:
-        loop = asyncio.get_running_loop()
-        poller = cls._by_loop.get(loop)
-        if poller is None:
-            poller = cls._by_loop[loop] = cls()
-        return poller
-
-    @property
-    def runner(self) -> Runner:
-        if self._runner is None:
-            self._runner = make_runner()
-        return self._runner
-
-    async def status(self, handle: AppHandle) -> AppStatus | None:
-        """The app's status, described together with every other request of this instant."""
-        fut: asyncio.Future[AppStatus | None] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(handle, []).append(fut)
-        if self._flush is None or self._flush.done():
-            self._flush = asyncio.create_task(self._flush_soon())
-        return await fut
-
-    async def _flush_soon(self) -> None:
-        await asyncio.sleep(_BATCH_WINDOW)
-        pending, self._pending = self._pending, {}
-        if not pending:
-            return
-        self.batches += 1
-        try:
-            statuses = await asyncio.to_thread(self.runner.status_many, list(pending))
-        except Exception as e:
-            for futs in pending.values():
-                for fut in futs:
-                    if not fut.done():
-                        fut.set_exception(e)
-            return
-        for handle, futs in pending.items():
-            for fut in futs:
-                if not fut.done():
-                    fut.set_result(statuses.get(handle))
+#: what the status poller puts in a log stream's queue when the app has a new status
+_WAKE: Any = object()
 
 
 class ShipyardJobTrigger(BaseTrigger):
@@ -173,73 +114,68 @@ class ShipyardJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         await self._use_connection()
-        poller = _StatusPoller.for_running_loop()
-        stream: _LogStream | None = None
-        if self.stream_logs:
-            checkpoint = _Checkpoint.of(self)
-            cursor = LogCursor(self.log_cursor)
-            if checkpoint is not None:
-                cursor = cursor.merged(await checkpoint.load())
-            stream = _LogStream(self.app_handle, self.log, cursor, checkpoint)
-            if cursor.total:
-                self.log.info(
-                    "resuming the logs of %s after %d lines", self.app_handle, cursor.total
-                )
-            stream.start()
+        stream = await self._open_stream() if self.stream_logs else None
+        watch = status_poller().watch(self.app_handle, self.poll_interval, self.log)
+        if stream is not None:
+            watch.add_listener(stream.wake)
         try:
-            errors = 0
             while True:
                 try:
-                    status = await poller.status(self.app_handle)
-                    errors = 0
+                    fresh, status = await self._next_status(watch, stream)
                 except Exception as e:
-                    errors += 1
-                    if errors >= _MAX_STATUS_ERRORS:
-                        yield self._event(
-                            "error", "UNKNOWN", f"cannot describe {self.app_handle}: {e}", stream
-                        )
-                        return
-                    self.log.warning(
-                        "cannot describe %s (%d/%d): %s",
-                        self.app_handle,
-                        errors,
-                        _MAX_STATUS_ERRORS,
-                        e,
-                    )
-                    await self._wait(stream, self.poll_interval)
+                    message = f"cannot describe {self.app_handle}: {e}"
+                    yield self._event("error", "UNKNOWN", message, stream)
+                    return
+                if not fresh:
                     continue
                 if status is None:
-                    yield self._event(
-                        "error",
-                        "UNKNOWN",
-                        f"app {self.app_handle} is unknown to its scheduler",
-                        stream,
-                    )
+                    message = f"app {self.app_handle} is unknown to its scheduler"
+                    yield self._event("error", "UNKNOWN", message, stream)
                     return
-                state = status.state.name
-                if state in self.target_states:
-                    kind = "success"
-                elif state in self.failure_states or state in TERMINAL_STATES:
-                    kind = "failure"
-                else:
-                    await self._wait(stream, _until_next_tick(self.poll_interval))
+                kind = self._kind(status.state.name)
+                if kind is None:
                     continue
-                if stream is not None and state in TERMINAL_STATES:
+                if stream is not None and status.state.name in TERMINAL_STATES:
                     await stream.finish(_LOG_DRAIN_TIMEOUT)
-                yield self._event(kind, state, f"app {self.app_handle} is {state}", stream)
+                message = f"app {self.app_handle} is {status.state.name}"
+                yield self._event(kind, status.state.name, message, stream)
                 return
         finally:
+            watch.close()
             if stream is not None:
                 stream.stop()
                 await stream.checkpoint()
 
-    @staticmethod
-    async def _wait(stream: _LogStream | None, seconds: float) -> None:
-        """Sleeps ``seconds``, logging the app's lines as they come."""
+    async def _open_stream(self) -> _LogStream:
+        checkpoint = _Checkpoint.of(self)
+        cursor = LogCursor(self.log_cursor)
+        if checkpoint is not None:
+            cursor = cursor.merged(await checkpoint.load())
+        stream = _LogStream(self.app_handle, self.log, cursor, checkpoint)
+        if cursor.total:
+            self.log.info("resuming the logs of %s after %d lines", self.app_handle, cursor.total)
+        stream.start()
+        return stream
+
+    async def _next_status(
+        self, watch: StatusWatch, stream: _LogStream | None
+    ) -> tuple[bool, AppStatus | None]:
+        """The app's next status from the poller, logging its lines meanwhile."""
         if stream is None:
-            await asyncio.sleep(seconds)
-        else:
-            await stream.pump(seconds)
+            return await watch.next_async(self.poll_interval)
+        fresh = watch.take()
+        if not fresh[0]:
+            await stream.pump(self.poll_interval)  # returns early once a status came
+            fresh = watch.take()
+        return fresh
+
+    def _kind(self, state: str) -> str | None:
+        """The event a state fires (``success``/``failure``), None to keep waiting."""
+        if state in self.target_states:
+            return "success"
+        if state in self.failure_states or state in TERMINAL_STATES:
+            return "failure"
+        return None
 
     def _event(
         self, kind: str, state: str, message: str, stream: _LogStream | None = None
@@ -266,14 +202,6 @@ class ShipyardJobTrigger(BaseTrigger):
 def _cancel(handle: AppHandle) -> None:
     with make_runner() as runner:
         runner.cancel(handle)
-
-
-def _until_next_tick(interval: float) -> float:
-    """Seconds until the next multiple of ``interval`` on the monotonic clock.
-
-    Triggers with the same interval wake together, so the poller batches their status calls.
-    """
-    return interval - (time.monotonic() % interval)
 
 
 class _Checkpoint:
@@ -371,11 +299,15 @@ class _LogStream:
         if self.cursor.accept(index, line):
             self._log.info("%s", line)
 
-    async def pump(self, seconds: float, sleep_rest: bool = True) -> None:
-        """Logs the lines that come within ``seconds``; once the logs ended, sleeps the rest
-        of the time (``sleep_rest``) or returns at once."""
+    def wake(self) -> None:
+        """Makes :meth:`pump` return (thread-safe: the status poller calls it)."""
+        self._hand_over(_WAKE)
+
+    async def pump(self, seconds: float) -> None:
+        """Logs the lines that come within ``seconds``; returns early when woken."""
         deadline = self._loop.time() + seconds
-        while not self.ended:
+        woken = False
+        while not woken:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 return
@@ -384,24 +316,24 @@ class _LogStream:
             except TimeoutError:
                 return
             while True:  # the whole batch at hand, then one checkpoint
-                if item is END:
+                if item is _WAKE:
+                    woken = True
+                elif item is END:
                     self.ended = True
-                    break
-                self._emit(*item)
+                else:
+                    self._emit(*item)
                 try:
                     item = self._queue.get_nowait()
                 except asyncio.QueueEmpty:
                     break
             await self.checkpoint()
-        if self.ended and sleep_rest:
-            await asyncio.sleep(max(0.0, deadline - self._loop.time()))
 
     async def finish(self, timeout: float) -> None:
         """After the app ended: logs the last lines (at most ``timeout`` seconds of following),
         then whatever the follower missed, from the complete logs."""
         deadline = self._loop.time() + timeout
         while not self.ended and self._loop.time() < deadline:
-            await self.pump(deadline - self._loop.time(), sleep_rest=False)
+            await self.pump(deadline - self._loop.time())
         if not self.ended:
             self._log.warning("logs of %s still streaming after %ss", self._handle, timeout)
         self.stop()

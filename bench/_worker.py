@@ -3,6 +3,9 @@
 python -m bench._worker local-describe APP_ID RUNS cold|warm
 python -m bench._worker mem-shipyard N
 python -m bench._worker mem-raw N
+python -m bench._worker airflow-triggers HANDLES_FILE SECONDS
+python -m bench._worker trigger-load HANDLES_FILE INTERVAL SECONDS
+python -m bench._worker line-latency HANDLE deferrable|blocking
 """
 
 from __future__ import annotations
@@ -101,10 +104,7 @@ def mem_raw(n: int) -> dict[str, int]:
     return _rss()
 
 
-def airflow_triggers(handles_file: str, seconds: float) -> dict[str, int]:
-    """One ShipyardJobTrigger per handle in one event loop (as in a triggerer), for ``seconds``;
-    returns how many batched status polls they made."""
-    import asyncio
+def _airflow_home() -> None:
     import tempfile
 
     home = tempfile.mkdtemp(prefix="shipyard-bench-airflow-")
@@ -115,7 +115,16 @@ def airflow_triggers(handles_file: str, seconds: float) -> dict[str, int]:
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         }
     )
-    from airflow_provider.triggers import ShipyardJobTrigger, _StatusPoller
+
+
+def airflow_triggers(handles_file: str, seconds: float) -> dict[str, int]:
+    """One ShipyardJobTrigger per handle in one event loop (as in a triggerer), for ``seconds``;
+    returns how many batched status polls they made."""
+    import asyncio
+
+    _airflow_home()
+    from airflow_provider.triggers import ShipyardJobTrigger
+    from core.polling import status_poller
 
     with open(handles_file) as f:
         handles = f.read().split()
@@ -130,15 +139,118 @@ def airflow_triggers(handles_file: str, seconds: float) -> dict[str, int]:
 
         tasks = [asyncio.create_task(drive(t)) for t in triggers]
         await asyncio.sleep(seconds)
-        poller = _StatusPoller.for_running_loop()
+        poller = status_poller()
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         events = [r for r in results if not isinstance(r, BaseException)]
         await asyncio.sleep(0.5)  # a poll still in its thread ends
-        return {"triggers": len(triggers), "polls": poller.batches, "events": len(events)}
+        return {"triggers": len(triggers), "polls": poller.rounds, "events": len(events)}
 
     return asyncio.run(run())
+
+
+def trigger_load(handles_file: str, interval: float, seconds: float) -> dict[str, float]:
+    """One ShipyardJobTrigger per handle in one event loop, polling every ``interval`` s: after
+    a first full round, the process's CPU seconds over ``seconds``, its peak memory, and the
+    backend calls (``status_many``) made meanwhile."""
+    import asyncio
+    import resource
+
+    _airflow_home()
+    from airflow_provider.triggers import ShipyardJobTrigger
+    from core.polling import status_poller
+    from core.runner import Runner
+
+    with open(handles_file) as f:
+        handles = f.read().split()
+    calls = [0]
+    real = Runner.status_many
+
+    def counting(self: Runner, hs: object) -> object:
+        calls[0] += 1
+        return real(self, hs)  # type: ignore[arg-type]
+
+    Runner.status_many = counting  # type: ignore[assignment,method-assign]
+
+    def cpu() -> float:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+
+    async def drive(t: ShipyardJobTrigger) -> object:
+        async for event in t.run():
+            return event
+        return None
+
+    async def run() -> dict[str, float]:
+        rss_before = _rss()["VmRSS"]
+        tasks = [
+            asyncio.create_task(drive(ShipyardJobTrigger(h, poll_interval=interval)))
+            for h in handles
+        ]
+        while status_poller().rounds < 3:  # the fast first polls are over
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(interval)
+        c0, n0, t0 = cpu(), calls[0], time.monotonic()
+        await asyncio.sleep(seconds)
+        c1, n1, t1 = cpu(), calls[0], time.monotonic()
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        events = sum(not isinstance(r, BaseException) for r in results)
+        return {
+            "triggers": len(tasks),
+            "cpu_fraction": (c1 - c0) / (t1 - t0),
+            "calls": n1 - n0,
+            "ticks": int(t1 // interval - t0 // interval),  # the poller polls on these
+            "rss_before": rss_before,
+            "rounds": status_poller().rounds,
+            "events": events,
+            **_rss(),
+        }
+
+    return asyncio.run(run())
+
+
+def line_latency(handle: str, mode: str) -> dict[str, list[float]]:
+    """Seconds from a replica printing ``<time.time()>`` to the line being logged: by a
+    deferred task's trigger (``deferrable``) or the blocking operator's follower."""
+    import asyncio
+    import queue
+
+    _airflow_home()
+    delays: list[float] = []
+
+    class Recorder:
+        def info(self, msg: str, *args: object) -> None:
+            text = str(args[0]) if args else msg
+            stamp = text.rsplit(" ", 1)[-1]
+            if stamp.replace(".", "", 1).isdigit():
+                delays.append(time.time() - float(stamp))
+
+        def warning(self, msg: str, *args: object) -> None:
+            print(msg % args if args else msg, file=sys.stderr)
+
+    if mode == "deferrable":
+        from airflow_provider.triggers import ShipyardJobTrigger
+
+        trigger = ShipyardJobTrigger(handle, poll_interval=5.0, stream_logs=True)
+        trigger._log = Recorder()  # type: ignore[assignment]  # (the task log, in a triggerer)
+
+        async def drive() -> None:
+            async for _ in trigger.run():
+                return
+
+        asyncio.run(drive())
+    else:
+        from core.follow import END, LogFollower
+
+        lines: queue.Queue[object] = queue.Queue()
+        LogFollower(handle, lines.put).start()
+        recorder = Recorder()
+        while (item := lines.get()) is not END:
+            recorder.info("%s", item[1])  # type: ignore[index]
+    return {"delays": delays}
 
 
 def main(argv: list[str]) -> int:
@@ -151,6 +263,10 @@ def main(argv: list[str]) -> int:
         res = mem_raw(int(argv[1]))
     elif cmd == "airflow-triggers":
         res = airflow_triggers(argv[1], float(argv[2]))
+    elif cmd == "trigger-load":
+        res = trigger_load(argv[1], float(argv[2]), float(argv[3]))
+    elif cmd == "line-latency":
+        res = line_latency(argv[1], argv[2])
     else:
         print(f"unknown command {cmd!r}", file=sys.stderr)
         return 2

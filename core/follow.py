@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from core.polling import status_poller
 from core.runner import LogLine, Runner, get_runner
 from core.specs import AppHandle
 
@@ -88,19 +89,27 @@ class LogCursor:
 
 
 class LogFollower:
-    """Follows every replica's log of an app in a daemon thread, after ``start_at``.
+    """Follows an app's logs in a daemon thread, after ``start_at``.
 
     Each line goes to ``sink`` as ``(index, LogLine)``, ``index`` being its 0-based number in
     its replica's log; lines before ``start_at`` are not delivered. :data:`END` follows the
     last line (the app ended and its logs were read, the follower was stopped, or following
-    failed). ``sink`` runs in the follower's thread: hand the items over to the consumer
-    (``queue.put``, ``loop.call_soon_threadsafe``).
+    failed: see :attr:`error`). ``sink`` runs in the follower's thread: hand the items over to
+    the consumer (``queue.put``, ``loop.call_soon_threadsafe``).
+
+    An app that has no replicas yet (queued on Slurm) is waited on through
+    :func:`core.polling.status_poller` until it has, or ended.
 
     Args:
         handle: the app
         sink: receives ``(index, LogLine)`` items, then :data:`END`
         start_at: lines already delivered (not delivered again)
         runner_factory: makes the runner the thread uses (one of its own)
+        close_runner: close that runner at the end (False: it is the caller's, shared)
+        role: only this role's replicas
+        replica: only this replica (of ``role``)
+        regex: only lines matching it (indexes then count matching lines)
+        should_tail: follow until the app ends (False: what is there now)
     """
 
     def __init__(
@@ -109,11 +118,20 @@ class LogFollower:
         sink: Callable[[Any], None],
         start_at: LogCursor | None = None,
         runner_factory: Callable[[], Runner] = get_runner,
+        *,
+        close_runner: bool = True,
+        role: str | None = None,
+        replica: int | None = None,
+        regex: str | None = None,
+        should_tail: bool = True,
     ) -> None:
         self.handle = handle
+        self._close_runner = close_runner
         self._sink = sink
         self._start = start_at or LogCursor()
         self._runner_factory = runner_factory
+        self._role, self._replica = role, replica
+        self._regex, self._should_tail = regex, should_tail
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: why following failed, if it did
@@ -131,11 +149,48 @@ class LogFollower:
         """Stops delivering (the thread ends at its next line)."""
         self._stop.set()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def is_alive(self) -> bool:
+        """Whether the thread still follows."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Waits up to ``timeout`` seconds for the thread to end."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _wait_for_replicas(self) -> None:
+        with status_poller().watch(self.handle, 1.0) as watch:
+            while not self._stop.is_set():
+                fresh, status = watch.next(0.2)
+                if fresh and (status is None or status.is_terminal() or status.roles):
+                    return
+
+    def _lines(self, runner: Runner) -> Iterator[LogLine]:
+        if self._role is not None and self._replica is not None:
+            role, k = self._role, self._replica
+            for text in runner.log_lines(
+                self.handle, role, k, regex=self._regex, should_tail=self._should_tail
+            ):
+                yield LogLine(role, k, text)
+            return
+        for line in runner.stream_logs(
+            self.handle, should_tail=self._should_tail, regex=self._regex
+        ):
+            if self._role is None or line.role == self._role:
+                yield line
+
     def _follow(self) -> None:
         seen: dict[str, int] = {}
         runner = self._runner_factory()
         try:
-            for line in runner.stream_logs(self.handle, should_tail=True):
+            if self._should_tail:
+                self._wait_for_replicas()
+            for line in self._lines(runner):
                 if self._stop.is_set():
                     break
                 key = LogCursor.key(line.role, line.replica)
@@ -147,7 +202,8 @@ class LogFollower:
             self.error = e
             log.warning("cannot follow the logs of %s: %s", self.handle, e)
         finally:
-            runner.close()
+            if self._close_runner:
+                runner.close()
             try:
                 self._sink(END)
             except Exception:  # the consumer is gone (e.g. its event loop closed)

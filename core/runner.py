@@ -41,6 +41,7 @@ from core.specs import (
     parse_app_handle,
     runopts,
 )
+from core.transient import RetryBudget
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class Runner:
         scheduler_params: Mapping[str, Any] | None = None,
     ) -> None:
         self._name = name
+        self._plain = scheduler_factories is None and not scheduler_params
         self._factories = dict(scheduler_factories or get_scheduler_factories())
         self._scheduler_params = dict(scheduler_params or {})
         self._schedulers: dict[tuple[str, str], Scheduler[Any]] = {}
@@ -154,6 +156,12 @@ class Runner:
     def session_name(self) -> str:
         """The session apps are submitted under."""
         return self._name
+
+    @property
+    def uses_defaults(self) -> bool:
+        """Whether the runner makes its schedulers the default way (any such runner, of any
+        session, reaches the same apps: e.g. not one given a remote Docker engine's client)."""
+        return self._plain
 
     def scheduler_backends(self) -> list[str]:
         """Names of the schedulers this runner can use."""
@@ -284,20 +292,33 @@ class Runner:
         Polls quickly at first (1 ms, doubling: a short app is seen ended within about its own
         run time again), backing off to ``wait_interval`` seconds.
 
+        A transient failure to read the status (:mod:`core.transient`) is retried with backoff.
+
         Raises:
             TimeoutError: if ``timeout`` seconds pass first (the app keeps running).
+            BackendUnavailable: the backend kept failing for longer than the retry budget.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = min(0.001, wait_interval)
+        budget = RetryBudget(f"status of {app_handle}")
+        state = "UNKNOWN"
         while True:
-            status = self.status(app_handle)
-            if status is None or status.is_terminal():
-                return status
+            try:
+                status = self.status(app_handle)
+            except Exception as e:
+                pause = budget.failed(e)  # raises unless transient and within the budget
+                log.warning("reading the status of %s failed (retrying): %s", app_handle, e)
+            else:
+                budget.succeeded()
+                if status is None or status.is_terminal():
+                    return status
+                state, pause = status.state.name, delay
+                delay = min(delay * 2, wait_interval)
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"app {app_handle} still {status.state.name} after {timeout}s")
-            sleep = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
-            time.sleep(sleep)
-            delay = min(delay * 2, wait_interval)
+                raise TimeoutError(f"app {app_handle} still {state} after {timeout}s")
+            time.sleep(
+                pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
+            )
 
     def list(self, scheduler: str | None = None, cfg: Cfg | None = None) -> list[ListAppResponse]:
         """Apps on ``scheduler`` (default: the default scheduler), with handles filled in

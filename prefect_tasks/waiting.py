@@ -4,9 +4,11 @@
   thread-pool task runner shutting down (a flow timeout, a flow that failed or returned, SIGTERM to
   the flow process), the flow's own timeout passing, or the flow run (or a parent) being cancelled
   through the API.
-* :class:`LogForwarder` sends a job's log lines to a logger, one record per line, as they arrive.
-* :class:`StatusHub` polls the status of every job waited on in the process in one loop (one
-  ``status_many`` call per round).
+* :class:`LogForwarder` sends a job's log lines to a logger, one record per line, as they arrive
+  (thin over :class:`core.follow.LogFollower`).
+* the status of every job waited on in the process is polled by :func:`core.polling.status_poller`
+  (one ``status_many`` call per round; transient backend errors retried within the budget of
+  :mod:`core.transient`).
 * :func:`wait_sync` / :func:`wait_async` follow the job to a final state and cancel it when they
   are interrupted (task or flow timeout, cancellation, SIGTERM, Ctrl-C); :func:`follow_sync` /
   :func:`follow_async` wait for a log forwarder the same way.
@@ -23,7 +25,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from core.runner import LogLine, Runner, get_runner
+from core.follow import END, LogFollower
+from core.polling import status_poller
+from core.runner import Runner
 from core.specs import AppHandle, AppStatus
 from prefect_tasks.jobs import JobCancelledError, cancel_quietly, is_interrupt, untrack
 
@@ -32,8 +36,6 @@ log = logging.getLogger(__name__)
 #: longest uninterrupted sleep while waiting: bounds how late an injected exception (Prefect's
 #: timeout in a worker thread) or a set cancel event is noticed
 _NAP = 0.2
-#: consecutive failed status polls tolerated (a backend hiccup) before the wait fails
-STATUS_ERRORS_TOLERATED = 3
 #: how long a finished job's log forwarder gets to deliver its last lines
 LOG_DRAIN_TIMEOUT = 30.0
 
@@ -181,12 +183,13 @@ class CancelWatch:
 # --------------------------------------------------------------------------------------------
 
 
-class LogForwarder(threading.Thread):
-    """Follows a job's logs in a daemon thread, calling ``emit("role/k line")`` once per line.
+class LogForwarder:
+    """Sends a job's log lines to ``emit("role/k line")``, one call per line, as they arrive.
 
-    Waits for the job's replicas to be known (a pending job may have none yet), then follows
-    every replica (or those of ``role`` / ``replica``) until the job is final. Keeps the last
-    ``keep`` lines in :attr:`lines`. An error reading the logs is kept in :attr:`error`.
+    Thin over :class:`core.follow.LogFollower` (which waits for a queued job's replicas and
+    follows every replica, or those of ``role`` / ``replica``, until the job is final), in the
+    follower's thread. Keeps the last ``keep`` lines in :attr:`lines`; an error reading the
+    logs is kept in :attr:`error`.
     """
 
     def __init__(
@@ -201,231 +204,61 @@ class LogForwarder(threading.Thread):
         should_tail: bool = True,
         keep: int = 0,
     ) -> None:
-        super().__init__(daemon=True, name=f"shipyard-logs {handle}")
-        self.runner = runner
         self.handle = handle
         self.emit = emit
-        self.role = role
-        self.replica = replica
-        self.regex = regex
-        self.should_tail = should_tail
         self.lines: collections.deque[str] = collections.deque(maxlen=keep or None)
         self.keep = keep
         self.count = 0
-        self.error: BaseException | None = None
-        self.stopping = threading.Event()
+        self._follower = LogFollower(
+            handle,
+            self._take,
+            runner_factory=lambda: runner,
+            close_runner=False,
+            role=role,
+            replica=replica,
+            regex=regex,
+            should_tail=should_tail,
+        )
 
-    def _wait_for_replicas(self) -> None:
-        failures = 0
-        while not self.stopping.is_set():
-            try:
-                if self.runner.replicas(self.handle):
-                    return
-                status = self.runner.status(self.handle)
-                if status is None or status.is_terminal():
-                    return
-            except Exception as e:  # a transient backend error must not lose the whole log
-                failures += 1
-                if failures >= 5:
-                    raise
-                log.debug("describing %s failed (%s); retrying", self.handle, e)
-            self.stopping.wait(_NAP)
+    def _take(self, item: Any) -> None:
+        if item is END or self._follower.stopped:
+            return
+        text = str(item[1])
+        self.emit(text)
+        self.count += 1
+        if self.keep:
+            self.lines.append(text)
 
-    def _lines(self) -> Any:
-        if self.role is not None and self.replica is not None:
-            return (
-                LogLine(self.role, self.replica, line)
-                for line in self.runner.log_lines(
-                    self.handle,
-                    self.role,
-                    self.replica,
-                    regex=self.regex,
-                    should_tail=self.should_tail,
-                )
-            )
-        return self.runner.stream_logs(self.handle, should_tail=self.should_tail, regex=self.regex)
+    @property
+    def error(self) -> BaseException | None:
+        """Why reading the logs failed, if it did."""
+        return self._follower.error
 
-    def run(self) -> None:
-        try:
-            if self.should_tail:
-                self._wait_for_replicas()
-            for item in self._lines():
-                if self.stopping.is_set():
-                    return
-                if self.role is not None and item.role != self.role:
-                    continue
-                if self.replica is not None and item.replica != self.replica:
-                    continue
-                text = str(item)
-                self.emit(text)
-                self.count += 1
-                if self.keep:
-                    self.lines.append(text)
-        except Exception as e:
-            self.error = e
-            log.warning("reading the logs of %s failed: %s", self.handle, e)
+    def start(self) -> None:
+        """Starts following."""
+        self._follower.start()
+
+    def is_alive(self) -> bool:
+        """Whether it still follows."""
+        return self._follower.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Waits up to ``timeout`` seconds for the last line."""
+        self._follower.join(timeout)
+
+    def cancel(self) -> None:
+        """Stops at once (no more lines are emitted)."""
+        self._follower.stop()
 
     def stop(self, timeout: float) -> None:
         """Waits up to ``timeout`` seconds for the last lines, then stops following."""
-        if self.is_alive():
-            self.join(timeout)
-        self.stopping.set()
+        self._follower.join(timeout)
+        self._follower.stop()
 
 
 # --------------------------------------------------------------------------------------------
 # waiting
 # --------------------------------------------------------------------------------------------
-
-
-class StatusHub:
-    """One status poll loop per process for every job a task waits on.
-
-    Each round reads the status of all watched handles with one ``Runner.status_many`` call (one
-    backend call per scheduler and session where the backend allows it: one ``squeue`` for every
-    Slurm job), so N tasks waiting at once cost one poll per round, not N. Rounds start fast
-    after a new handle is watched and back off to the smallest ``poll_interval`` of the waiters.
-    The loop runs in a daemon thread that ends when nothing is watched.
-    """
-
-    def __init__(self, runner_factory: Callable[[], Runner] | None = None) -> None:
-        self._runner_factory = runner_factory
-        self._cond = threading.Condition()
-        self._watchers: dict[AppHandle, list[float]] = {}
-        self._results: dict[AppHandle, tuple[int, Any]] = {}
-        self._round = 0
-        self._delay = 0.05
-        self._thread: threading.Thread | None = None
-
-    def watch(self, handle: AppHandle, poll_interval: float) -> _Subscription:
-        """Starts watching ``handle``; use the result as a context manager."""
-        with self._cond:
-            self._watchers.setdefault(handle, []).append(poll_interval)
-            self._delay = 0.05
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._loop, daemon=True, name="shipyard-status-hub"
-                )
-                self._thread.start()
-            self._cond.notify_all()
-        return _Subscription(self, handle, poll_interval)
-
-    def _unwatch(self, handle: AppHandle, poll_interval: float) -> None:
-        with self._cond:
-            intervals = self._watchers.get(handle, [])
-            if poll_interval in intervals:
-                intervals.remove(poll_interval)
-            if not intervals:
-                self._watchers.pop(handle, None)
-                self._results.pop(handle, None)
-
-    def next(self, handle: AppHandle, seen: int, timeout: float) -> tuple[int, Any]:
-        """``(round, outcome)`` of the first round after ``seen``, waiting up to ``timeout``
-        seconds; ``(seen, None)`` if there was none. ``outcome`` is an ``AppStatus``, None (the
-        app is unknown) or the exception the poll raised."""
-        with self._cond:
-            result = self._results.get(handle)
-            if result is None or result[0] <= seen:
-                self._cond.wait(timeout)
-                result = self._results.get(handle)
-            if result is None or result[0] <= seen:
-                return seen, None
-            return result
-
-    @staticmethod
-    def _poll(runner: Runner, handles: list[AppHandle]) -> dict[AppHandle, Any]:
-        """Statuses of ``handles`` in one call; if that fails, one by one, so that one bad
-        handle (or backend) only fails its own waiters."""
-        try:
-            return dict(runner.status_many(handles))
-        except Exception as e:
-            if len(handles) == 1:
-                return {handles[0]: e}
-        outcome: dict[AppHandle, Any] = {}
-        for handle in handles:
-            try:
-                outcome[handle] = runner.status(handle)
-            except Exception as e:
-                outcome[handle] = e
-        return outcome
-
-    def _loop(self) -> None:
-        runner = self._runner_factory() if self._runner_factory else None
-        try:
-            while True:
-                with self._cond:
-                    if not self._watchers:
-                        self._cond.wait(5.0)
-                        if not self._watchers:
-                            self._thread = None
-                            return
-                    handles = list(self._watchers)
-                if runner is None:
-                    runner = get_runner()
-                outcome = self._poll(runner, handles)
-                with self._cond:
-                    self._round += 1
-                    for handle in handles:
-                        if handle in self._watchers:
-                            self._results[handle] = (self._round, outcome.get(handle))
-                    self._cond.notify_all()
-                    delay = self._delay
-                    fastest = min((min(v) for v in self._watchers.values()), default=delay)
-                    self._delay = min(delay * 2, fastest)
-                    self._cond.wait(delay)
-        except BaseException:  # never leave waiters hanging on a dead loop
-            log.exception("the status poll loop failed")
-            with self._cond:
-                self._thread = None
-            raise
-        finally:
-            if runner is not None:
-                runner.close()
-
-
-class _Subscription:
-    """A waiter's view of :class:`StatusHub` for one handle, tolerating polling errors."""
-
-    def __init__(self, hub: StatusHub, handle: AppHandle, poll_interval: float) -> None:
-        self.hub = hub
-        self.handle = handle
-        self.poll_interval = poll_interval
-        self.seen = 0
-        self.errors = 0
-
-    def __enter__(self) -> _Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.hub._unwatch(self.handle, self.poll_interval)
-
-    def next(
-        self, timeout: float, logger: logging.Logger | logging.LoggerAdapter[Any]
-    ) -> tuple[bool, AppStatus | None]:
-        """``(read, status)`` of the next round within ``timeout`` seconds. ``read`` is False
-        when no round came or its poll failed (up to :data:`STATUS_ERRORS_TOLERATED` failures in
-        a row are logged, one more is raised)."""
-        seen, outcome = self.hub.next(self.handle, self.seen, timeout)
-        if seen == self.seen:
-            return False, None  # no new round within the timeout
-        self.seen = seen
-        if isinstance(outcome, BaseException):
-            self.errors += 1
-            if self.errors > STATUS_ERRORS_TOLERATED:
-                raise outcome
-            logger.warning(
-                "reading the status of %s failed (%d of %d tolerated): %s",
-                self.handle,
-                self.errors,
-                STATUS_ERRORS_TOLERATED,
-                outcome,
-            )
-            return False, None
-        self.errors = 0
-        return True, outcome
-
-
-#: the process-wide hub every waiting task shares
-HUB = StatusHub()
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -468,12 +301,13 @@ def wait_sync(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     cancel_on_timeout: bool = True,
 ) -> AppStatus | None:
-    """Follows ``handle`` (through :data:`HUB`) until it is final; returns its status (None if
+    """Follows ``handle`` (through :func:`core.polling.status_poller`) until it is final; returns its status (None if
     the app is unknown).
 
     Interrupted (see :func:`is_interrupt`) or told to stop by ``watch``, it cancels the job and
-    raises. A few consecutive errors reading the status are tolerated (logged); more propagate
-    and leave the job alone, so that a retry can pick it up again.
+    raises. Transient errors reading the status are retried (logged) within the retry budget of
+    :mod:`core.transient`; past it, or for another error, the wait fails and leaves the job
+    alone, so that a retry can pick it up again.
 
     Raises:
         TimeoutError: after ``timeout`` seconds (the job is cancelled if ``cancel_on_timeout``).
@@ -481,9 +315,9 @@ def wait_sync(
     """
     deadline = _deadline(timeout)
     try:
-        with HUB.watch(handle, poll_interval) as sub:
+        with status_poller().watch(handle, poll_interval, logger, runner) as polled:
             while True:
-                read, status = sub.next(_NAP, logger)
+                read, status = polled.next(_NAP)
                 if read and (status is None or status.is_terminal()):
                     untrack(handle)
                     return status
@@ -517,9 +351,9 @@ async def wait_async(
     """
     deadline = _deadline(timeout)
     try:
-        with HUB.watch(handle, poll_interval) as sub:
+        with status_poller().watch(handle, poll_interval, logger, runner) as polled:
             while True:
-                read, status = await asyncio.to_thread(sub.next, _NAP, logger)
+                read, status = await polled.next_async(_NAP)
                 if read and (status is None or status.is_terminal()):
                     untrack(handle)
                     return status

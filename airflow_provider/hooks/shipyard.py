@@ -128,6 +128,12 @@ class ShipyardHook(BaseHook):
                 register_cluster(self._settings[2])
         return self._settings
 
+    def ui_url_template(self) -> str | None:
+        """The connection's extra ``ui_url`` (a job page URL template; see
+        :mod:`airflow_provider.links`), if it has one."""
+        extra = self.get_connection(self.shipyard_conn_id).extra_dejson or {}
+        return str(extra["ui_url"]) if extra.get("ui_url") else None
+
     def get_conn(self) -> Runner:
         """A runner that can reach the connection's backend."""
         self.settings()

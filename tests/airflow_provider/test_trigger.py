@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider.triggers import ShipyardJobTrigger, _StatusPoller
+from airflow_provider.triggers import ShipyardJobTrigger
 from core.specs import AppDef, AppState, Role
 from tests.airflow_provider.helpers import wait_until
 
@@ -109,22 +109,15 @@ def test_on_kill_cancels_the_job(runner: Any) -> None:
     wait_until(lambda: runner.status(handle).state == AppState.CANCELLED, what="CANCELLED")
 
 
-def test_poller_is_per_event_loop() -> None:
-    async def get() -> _StatusPoller:
-        return _StatusPoller.for_running_loop()
-
-    async def same_loop() -> bool:
-        return await get() is await get()
-
-    assert asyncio.run(same_loop())
-    assert asyncio.run(get()) is not asyncio.run(get())
-
-
-@pytest.mark.parametrize(("failures", "expected"), [(2, "success"), (5, "error")])
+@pytest.mark.parametrize(
+    ("failures", "budget", "expected"), [(2, "60", "success"), (5, "1", "error")]
+)
 def test_status_errors_are_retried_then_reported(
-    runner: Any, monkeypatch: pytest.MonkeyPatch, failures: int, expected: str
+    runner: Any, monkeypatch: pytest.MonkeyPatch, failures: int, budget: str, expected: str
 ) -> None:
-    """Backend errors (which the real backends cannot produce on demand) are retried 4 times."""
+    """Transient backend errors (which the real backends cannot produce on demand) are retried
+    with backoff (0.5, 1, 2 s ...) within the retry budget; past it the trigger fires an error."""
+    monkeypatch.setenv("SHIPYARD_RETRY_BUDGET", budget)
     handle = runner.run(sh("hiccup", "true"), "local_cwd")
     real = type(runner).status_many
     left = [failures]
@@ -132,7 +125,7 @@ def test_status_errors_are_retried_then_reported(
     def flaky(self: Any, app_handles: Any) -> Any:
         if left[0] > 0:
             left[0] -= 1
-            raise OSError("backend hiccup")
+            raise ConnectionError("backend hiccup")
         return real(self, app_handles)
 
     monkeypatch.setattr(type(runner), "status_many", flaky)
@@ -140,6 +133,26 @@ def test_status_errors_are_retried_then_reported(
     assert event["status"] == expected
     if expected == "error":
         assert "backend hiccup" in event["message"]
+        assert "kept failing" in event["message"]
+
+
+def test_other_status_errors_are_reported_at_once(
+    runner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error that is not transient (here a made-up one) is not retried."""
+    handle = runner.run(sh("broken", "true"), "local_cwd")
+    calls = []
+
+    def broken(self: Any, app_handles: Any) -> Any:
+        calls.append(1)
+        raise ValueError("no such cluster")
+
+    monkeypatch.setattr(type(runner), "status_many", broken)
+    monkeypatch.setattr(type(runner), "status", broken)
+    event = asyncio.run(first_event(ShipyardJobTrigger(handle, poll_interval=0.05)))
+    assert event["status"] == "error"
+    assert "no such cluster" in event["message"]
+    assert len(calls) == 1
 
 
 def test_log_cursor_round_trips_and_is_checked() -> None:

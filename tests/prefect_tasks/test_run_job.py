@@ -16,7 +16,6 @@ from core.appfile import app_to_dict
 from core.runner import AppFailedError, Runner, get_runner
 from core.specs import AppState
 from prefect_tasks import JobResult, run_job, submit_job, wait_for_job
-from prefect_tasks.waiting import STATUS_ERRORS_TOLERATED
 from tests.prefect_tasks.helpers import apps_named, flow_run_logs, sh_app, task_runs, wait_until
 
 
@@ -175,17 +174,16 @@ def test_retried_task_reattaches_to_the_job_it_submitted(name: str) -> None:
     assert sum("re-attaching to" in m and seen[0] in m for m in logs) == 2, logs
 
 
-@pytest.mark.parametrize(
-    "errors, attempts",
-    [(STATUS_ERRORS_TOLERATED, 1), (STATUS_ERRORS_TOLERATED + 1, 2)],
-    ids=["tolerated", "retried"],
-)
+@pytest.mark.parametrize("budget, attempts", [("60", 1), ("1", 2)], ids=["tolerated", "retried"])
 def test_backend_errors_while_waiting_keep_the_job(
-    name: str, monkeypatch: Any, errors: int, attempts: int
+    name: str, monkeypatch: Any, budget: str, attempts: int
 ) -> None:
     """Errors polling the status (the backend briefly unreachable: faked, a real one cannot be
-    produced on demand): a few in a row are tolerated; one more fails the attempt but leaves the
-    job running, and the task's retry follows it to the end."""
+    produced on demand): three in a row (0.5 + 1 + 2 s of backoff) are retried within a budget
+    of 60 s; with a budget of 1 s they fail the attempt but leave the job running, and the
+    task's retry follows it to the end."""
+    errors = 3
+    monkeypatch.setenv("SHIPYARD_RETRY_BUDGET", budget)
     app = sh_app(name, {"main": (1, "sleep 1; echo survived")})
     real_status_many = Runner.status_many
     calls = {"n": 0}
@@ -216,7 +214,7 @@ def test_backend_errors_while_waiting_keep_the_job(
     assert wait_run.run_count == attempts
     logs = flow_run_logs(state.state_details.flow_run_id)
     assert "main/0 survived" in logs
-    assert sum("backend unreachable" in m for m in logs) >= STATUS_ERRORS_TOLERATED
+    assert sum("backend unreachable" in m for m in logs) >= 2
 
 
 def test_flow_retry_runs_a_failed_job_again(name: str, tmp_path: Path) -> None:

@@ -205,13 +205,13 @@ def test_idempotency_keys(name: str) -> None:
 
 
 def test_one_failing_poll_does_not_fail_the_other_waiters(name: str, monkeypatch: Any) -> None:
-    """A handle whose status cannot be read (faked: a backend that errors for one job) fails only
-    its own wait; the job waited on at the same time finishes normally."""
+    """A handle whose status cannot be read (faked: a backend that errors for one job, not a
+    transient error) fails only its own wait, at once; the job waited on at the same time
+    finishes normally."""
     from core.runner import Runner
 
     real_status, real_status_many = Runner.status, Runner.status_many
     broken = "local_cwd://shipyard/broken-job"
-    batches: list[list[str]] = []
 
     def status(self: Runner, handle: str) -> Any:
         if handle == broken:
@@ -220,7 +220,6 @@ def test_one_failing_poll_does_not_fail_the_other_waiters(name: str, monkeypatch
 
     def status_many(self: Runner, handles: Any) -> Any:
         handles = list(handles)
-        batches.append(handles)
         if broken in handles:
             raise OSError("this job's state cannot be read")
         return real_status_many(self, handles)
@@ -241,6 +240,3 @@ def test_one_failing_poll_does_not_fail_the_other_waiters(name: str, monkeypatch
     assert broken_state.is_failed()
     with pytest.raises(OSError, match="cannot be read"):
         broken_state.result()
-    assert any(len(b) == 2 for b in batches), "the two waits were never polled together"
-    logs = flow_run_logs(good_state.state_details.flow_run_id)
-    assert sum("(1 of 3 tolerated)" in m for m in logs) >= 1, logs

@@ -62,6 +62,7 @@ from core.specs import (
     macros,
     runopts,
 )
+from core.transient import BackendUnavailable
 from core.workspace import DirWorkspaceMixin, walk_workspace
 
 log = logging.getLogger(__name__)
@@ -694,7 +695,7 @@ def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
         unknown = [a for a in ids if a not in found]
         if unknown:
             # the controller did not answer: "no such job" would be a lie
-            raise RuntimeError(
+            raise BackendUnavailable(
                 f"slurm: cannot describe job(s) {', '.join(unknown)}: the controller did not"
                 f" answer ({controller_error}) and accounting does not know them"
             )

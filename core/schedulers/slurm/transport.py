@@ -27,6 +27,7 @@ from core.schedulers.slurm.jobinfo import (
     parse_squeue,
 )
 from core.schedulers.slurm.script import SlurmBatchRequest
+from core.transient import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 
-class TransportError(RuntimeError):
+class TransportError(BackendUnavailable):
     """The cluster could not be reached (after retries): nothing is known about the job."""
 
 

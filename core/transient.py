@@ -1,0 +1,166 @@
+"""One rule for transient backend errors: which they are, and how long they are retried.
+
+A transient error says nothing about the job: the backend could not be reached or did not
+answer this time (a timed-out ``squeue``, a Docker engine answering 5xx or restarting, a dropped
+SSH connection). Callers retry it with backoff and never report it as a job state; once the
+budget is spent they raise one :class:`BackendUnavailable` naming what failed and how often.
+
+Everything that waits on a job (:mod:`core.follow`, the runner's ``wait``, the CLI, the Airflow
+and Prefect integrations) goes through :func:`is_transient` and :class:`RetryBudget`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BACKOFF_MAX",
+    "BUDGET",
+    "BackendUnavailable",
+    "RetryBudget",
+    "call_with_retries",
+    "is_transient",
+    "retry_budget",
+]
+
+T = TypeVar("T")
+
+#: seconds a backend may keep failing transiently before a caller gives up, unless
+#: ``$SHIPYARD_RETRY_BUDGET`` says otherwise (see :func:`retry_budget`)
+BUDGET = 120.0
+#: longest pause between two tries
+BACKOFF_MAX = 15.0
+
+
+def retry_budget() -> float:
+    """Seconds transient failures are retried: ``$SHIPYARD_RETRY_BUDGET`` or :data:`BUDGET`.
+
+    Raises:
+        ValueError: naming the variable when it is not a non-negative number.
+    """
+    raw = os.environ.get("SHIPYARD_RETRY_BUDGET", "").strip()
+    if not raw:
+        return BUDGET
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"SHIPYARD_RETRY_BUDGET: expected seconds (a number >= 0), got {raw!r}")
+    return value
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend could not be reached or did not answer (after retries, where the caller
+    retried): nothing is known about the job, which may well still be running."""
+
+
+def _http_status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def _is_requests_connection_error(exc: BaseException) -> bool:
+    requests = sys.modules.get("requests")  # only loaded when a backend uses it
+    if requests is None:
+        return False
+    return isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is worth another try: the backend was unreachable or answered with a
+    server error (HTTP 5xx, e.g. a Docker engine), not a verdict on the request."""
+    if isinstance(exc, BackendUnavailable | ConnectionError | TimeoutError):
+        return True
+    if isinstance(exc, subprocess.TimeoutExpired):
+        return True
+    if _is_requests_connection_error(exc):
+        return True
+    status = _http_status(exc)
+    return status is not None and status >= 500
+
+
+class RetryBudget:
+    """Consecutive transient failures of one thing (e.g. the status of one app).
+
+    :meth:`failed` records one and says how long to wait before the next try (doubling from
+    ``first_delay`` up to :data:`BACKOFF_MAX`); once failures have lasted ``budget`` seconds, or
+    at once for an error that is not transient, it raises. :meth:`succeeded` starts over.
+    """
+
+    def __init__(self, what: str, budget: float | None = None, first_delay: float = 0.5) -> None:
+        self.what = what
+        self.budget = retry_budget() if budget is None else budget
+        self.first_delay = first_delay
+        self.failures = 0
+        self._since: float | None = None
+
+    def succeeded(self) -> None:
+        """The last try worked."""
+        self.failures = 0
+        self._since = None
+
+    def failed(self, exc: BaseException) -> float:
+        """Records ``exc``; returns the seconds to wait before trying again.
+
+        Raises:
+            BackendUnavailable: ``exc`` was transient and the budget is spent (from ``exc``).
+            BaseException: ``exc`` itself when it is not transient.
+        """
+        if not is_transient(exc):
+            raise exc
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        self.failures += 1
+        if now - self._since >= self.budget:
+            raise BackendUnavailable(
+                f"{self.what}: the backend kept failing for {now - self._since:.0f}s"
+                f" ({self.failures} tries): {exc}"
+            ) from exc
+        return float(min(self.first_delay * 2 ** (self.failures - 1), BACKOFF_MAX))
+
+
+def _log_retry(state: RetryCallState) -> None:
+    outcome = state.outcome
+    exc = outcome.exception() if outcome is not None else None
+    log.warning("%s (try %d); retrying", exc, state.attempt_number)
+
+
+def call_with_retries(
+    fn: Callable[[], T], what: str, budget: float | None = None, first_delay: float = 0.5
+) -> T:
+    """``fn()``, tried again with backoff while it fails transiently, for up to ``budget`` s
+    (default: :func:`retry_budget`).
+
+    Raises:
+        BackendUnavailable: the budget is spent (naming ``what`` and the last error).
+        BaseException: whatever ``fn`` raised that is not transient, at once.
+    """
+    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+    retrying = Retrying(
+        stop=stop_after_delay(retry_budget() if budget is None else budget),
+        wait=wait_exponential(multiplier=first_delay, max=BACKOFF_MAX),
+        retry=retry_if_exception(is_transient),
+        before_sleep=_log_retry,
+        reraise=True,
+    )
+    try:
+        return retrying(fn)
+    except BaseException as e:
+        if is_transient(e) and not isinstance(e, BackendUnavailable):
+            raise BackendUnavailable(f"{what}: {e}") from e
+        raise

@@ -1,0 +1,186 @@
+"""core.polling and core.transient: one batched status poller per process, one rule for
+transient backend errors. Real local apps; backend failures are faked (a real backend cannot
+be made to fail on demand)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from core.polling import StatusPoller, StatusWatch
+from core.runner import Runner, get_runner
+from core.specs import AppDef, AppState, Role
+from core.transient import BackendUnavailable, RetryBudget, call_with_retries, is_transient
+
+
+def sh(name: str, script: str) -> AppDef:
+    return AppDef(name, [Role(name, entrypoint="sh", args=["-c", script])])
+
+
+@pytest.fixture
+def runner(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runner]:
+    monkeypatch.chdir(tmp_path)
+    with get_runner("polling") as r:
+        yield r
+
+
+class Counting:
+    """Counts ``status_many`` calls and the handles in each; can fail the next ``fail`` calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, error: Exception | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.fail = 0
+        self.error = error or ConnectionError("engine restarting")
+        real = Runner.status_many
+
+        def status_many(runner: Runner, handles: Any) -> Any:
+            handles = list(handles)
+            self.batches.append(handles)
+            if self.fail:
+                self.fail -= 1
+                raise self.error
+            return real(runner, handles)
+
+        monkeypatch.setattr(Runner, "status_many", status_many)
+
+
+def final(watch: StatusWatch, timeout: float = 30) -> Any:
+    while True:
+        fresh, status = watch.next(timeout)
+        assert fresh, f"no status of {watch.handle} within {timeout}s"
+        if status is None or status.is_terminal():
+            return status
+
+
+def test_many_waiters_share_each_round(runner: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    handles = [runner.run(sh(f"p{i}", "sleep 1"), "local_cwd") for i in range(5)]
+    counting = Counting(monkeypatch)
+    poller = StatusPoller()
+    watches = [poller.watch(h, 0.3) for h in handles]
+    results = [final(w) for w in watches]
+    for w in watches:
+        w.close()
+    assert [r.state for r in results] == [AppState.SUCCEEDED] * 5
+    assert max(len(b) for b in counting.batches) == 5
+    # one call per round for all five: far fewer calls than 5 waiters polling on their own
+    assert len(counting.batches) == poller.rounds
+    assert poller.rounds < 5 * 6
+
+
+def test_two_waiters_of_one_app_both_get_each_status(runner: Runner) -> None:
+    handle = runner.run(sh("twice", "sleep 0.5"), "local_cwd")
+    poller = StatusPoller()
+    with poller.watch(handle, 0.1) as a, poller.watch(handle, 5.0) as b:
+        assert final(a).state == AppState.SUCCEEDED
+        assert final(b).state == AppState.SUCCEEDED  # polled at the faster waiter's pace
+
+
+def test_transient_failures_are_retried_then_reported(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handle = runner.run(sh("hiccup", "true"), "local_cwd")
+    counting = Counting(monkeypatch)
+    counting.fail = 2  # 0.5 s + 1 s of backoff: within the budget
+    with StatusPoller(budget=30).watch(handle, 0.1) as watch:
+        assert final(watch).state == AppState.SUCCEEDED
+    assert len(counting.batches) >= 3
+
+    counting.fail = 100  # an engine that stays down
+    with StatusPoller(budget=1).watch(handle, 0.1) as watch:
+        with pytest.raises(BackendUnavailable, match="engine restarting") as err:
+            final(watch)
+    assert "kept failing" in str(err.value)
+    assert isinstance(err.value.__cause__, ConnectionError)
+
+
+def test_other_errors_reach_the_waiter_at_once(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handle = runner.run(sh("bad", "true"), "local_cwd")
+    counting = Counting(monkeypatch, ValueError("scheduler: unknown"))
+    counting.fail = 100
+    monkeypatch.setattr(Runner, "status", lambda self, h: (_ for _ in ()).throw(ValueError("no")))
+    with StatusPoller(budget=60).watch(handle, 0.1) as watch:
+        with pytest.raises(ValueError):
+            final(watch)
+    assert len(counting.batches) == 1
+
+
+def test_async_waiters_need_no_threads(runner: Runner) -> None:
+    handles = [runner.run(sh(f"a{i}", "sleep 0.5"), "local_cwd") for i in range(20)]
+    poller = StatusPoller()
+
+    async def wait_one(handle: str) -> Any:
+        with poller.watch(handle, 0.2) as watch:
+            while True:
+                fresh, status = await watch.next_async(10)
+                if fresh and status is not None and status.is_terminal():
+                    return status.state
+
+    async def wait_all() -> tuple[list[Any], int]:
+        before = threading.active_count()
+        states = await asyncio.gather(*(wait_one(h) for h in handles))
+        return list(states), threading.active_count() - before
+
+    states, extra_threads = asyncio.run(wait_all())
+    assert states == [AppState.SUCCEEDED] * 20
+    assert extra_threads <= 2  # the poll thread (and at most the runner's own), not one per waiter
+
+
+def test_listeners_hear_each_new_round(runner: Runner) -> None:
+    handle = runner.run(sh("listen", "sleep 0.3"), "local_cwd")
+    heard = threading.Event()
+    with StatusPoller().watch(handle, 0.1) as watch:
+        watch.add_listener(heard.set)
+        assert heard.wait(10)
+        assert watch.take()[0]
+
+
+def test_is_transient() -> None:
+    assert is_transient(ConnectionRefusedError())
+    assert is_transient(TimeoutError())
+    assert is_transient(subprocess.TimeoutExpired(["squeue"], 5))
+    assert is_transient(BackendUnavailable("slurm: controller did not answer"))
+
+    class ServerError(Exception):
+        response = type("R", (), {"status_code": 503})()
+
+    class ClientError(Exception):
+        response = type("R", (), {"status_code": 404})()
+
+    assert is_transient(ServerError())
+    assert not is_transient(ClientError())
+    assert not is_transient(ValueError("partition: no such partition"))
+    assert not is_transient(FileNotFoundError())
+
+
+def test_call_with_retries() -> None:
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("dropped")
+        return "answer"
+
+    assert call_with_retries(flaky, "squeue", budget=30, first_delay=0.01) == "answer"
+    assert len(calls) == 3
+    with pytest.raises(BackendUnavailable, match="squeue: .*dropped"):
+        call_with_retries(
+            lambda: (_ for _ in ()).throw(ConnectionResetError("dropped")), "squeue", budget=0.1
+        )
+    with pytest.raises(KeyError):
+        call_with_retries(lambda: {}["x"], "squeue", budget=30)
+
+
+def test_retry_budget_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHIPYARD_RETRY_BUDGET", "7")
+    assert RetryBudget("x").budget == 7
+    monkeypatch.setenv("SHIPYARD_RETRY_BUDGET", "soon")
+    with pytest.raises(ValueError, match="SHIPYARD_RETRY_BUDGET: expected seconds"):
+        RetryBudget("x")
