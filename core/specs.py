@@ -27,9 +27,11 @@ __all__ = [
     "Cfg",
     "CfgVal",
     "DeviceMount",
+    "ENV_KEY_PATTERN",
     "MAX_REPLICAS",
     "MISSING",
     "MalformedAppHandleException",
+    "NAME_PATTERN",
     "NULL_RESOURCE",
     "ParsedAppHandle",
     "ReplicaState",
@@ -64,8 +66,12 @@ MAX_REPLICAS = 10_000
 
 # Names end up in file names, container names, hostnames and Slurm job names: keep them safe for all.
 # (used with fullmatch: `$` would also accept a trailing newline)
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: what an app or role name must match in full (also the app-file JSON Schema's pattern)
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+#: what an environment variable name must match in full
+ENV_KEY_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+_NAME_RE = re.compile(NAME_PATTERN)
+_ENV_KEY_RE = re.compile(ENV_KEY_PATTERN)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Hostile app files: arbitrary data, adversarial YAML and awkward paths.
 
 ``app_from_dict``/``app_from_yaml``/``load_app`` return a valid app or raise ``AppFileError`` (a
-``ValueError``) naming the field or the file; never another exception. A valid app written with
+``ValueError``) naming the field or the file, one line per issue (all of them at once); never
+another exception. A valid app written with
 ``dump_app`` reads back as the same app, or fails loudly: never silently as a different app.
 """
 
@@ -15,7 +16,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.appfile import AppFileError, app_from_dict, app_from_yaml, app_to_dict, dump_app, load_app
+from core.appfile import (
+    MAX_LISTED,
+    AppFileError,
+    app_from_dict,
+    app_from_yaml,
+    app_to_dict,
+    dump_app,
+    load_app,
+)
 from core.specs import AppDef, BindMount, validate_app
 from tests.core.hostile_inputs import HOSTILE_SETTINGS, corpus, hostile_text, plain_data
 from tests.core.test_hostile_specs import apps
@@ -23,11 +32,20 @@ from tests.core.test_hostile_specs import apps
 ROLE = {"name": "r", "entrypoint": "echo"}
 
 
+def assert_clean(e: AppFileError) -> None:
+    """One line per issue (up to MAX_LISTED, then a count), each naming what was wrong."""
+    lines = str(e).splitlines()
+    assert e.issues and all(i.message for i in e.issues), str(e)
+    assert all(line.strip() and "Traceback" not in line for line in lines), str(e)
+    assert len(lines) == min(len(e.issues), MAX_LISTED) + (len(e.issues) > MAX_LISTED), str(e)
+    assert all(len(line) < 600 for line in lines), str(e)
+
+
 def _load(data: Any) -> AppDef | None:
     try:
         return app_from_dict(data)
     except AppFileError as e:
-        assert str(e), "empty error"
+        assert_clean(e)
         return None
 
 
@@ -74,7 +92,7 @@ def test_arbitrary_text_is_an_app_or_an_app_file_error(text: str) -> None:
     try:
         app_from_yaml(text)
     except AppFileError as e:
-        assert str(e)
+        assert_clean(e)
 
 
 _LAUGHS = "".join(
@@ -129,7 +147,7 @@ def test_yaml_corpus_is_an_app_or_an_app_file_error(name: str) -> None:
     try:
         app = app_from_yaml(YAML_CORPUS[name])
     except AppFileError as e:
-        assert str(e) and "\n" not in str(e).strip(), str(e)
+        assert_clean(e)
         return
     validate_app(app)
     for role in app.roles:
@@ -159,7 +177,7 @@ def test_dump_then_load_is_the_same_app_or_a_clear_error(app: AppDef) -> None:
     try:
         again = app_from_yaml(dump_app(app))
     except AppFileError as e:
-        assert str(e)
+        assert_clean(e)
         return
     assert app_to_dict(again) == app_to_dict(app)
 
@@ -185,3 +203,4 @@ def test_load_app_paths_that_are_not_app_files(tmp_path: Path) -> None:
         with pytest.raises(AppFileError) as e:
             load_app(path)
         assert str(e.value) and "\n" not in str(e.value), (path, str(e.value))
+        assert len(e.value.issues) == 1
