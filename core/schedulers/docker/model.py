@@ -40,6 +40,11 @@ LABEL_REPLICAS = "shipyard.replicas"
 LABEL_NUM_RESTARTS = "shipyard.num_restarts"
 LABEL_MSG = "shipyard.msg"
 LABEL_ENDED = "shipyard.ended"
+#: where a container's result file is (``$SHIPYARD_RESULT_FILE``), and whose are collected
+LABEL_RESULT_FILE = "shipyard.result_file"
+LABEL_RESULT_REPLICAS = "shipyard.result_replicas"
+#: a container's result file unless its role's env names another
+RESULT_PATH = "/shipyard-result.json"
 
 #: labels an app's containers share that its tombstone keeps
 APP_LABELS = (

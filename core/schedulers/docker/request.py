@@ -13,6 +13,12 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TypedDict
 
+from core.reports import (
+    RESULT_FILE_ENV,
+    RESULT_REPLICAS_HELP,
+    RESULT_REPLICAS_OPT,
+    result_replicas,
+)
 from core.schedulers.api import IDEMPOTENCY_KEY
 from core.schedulers.docker.model import (
     BACKEND,
@@ -25,6 +31,8 @@ from core.schedulers.docker.model import (
     LABEL_NETWORK,
     LABEL_NUM_REPLICAS,
     LABEL_REPLICA_ID,
+    LABEL_RESULT_FILE,
+    LABEL_RESULT_REPLICAS,
     LABEL_RETENTION,
     LABEL_ROLE_NAME,
     LABEL_ROLES,
@@ -33,6 +41,7 @@ from core.schedulers.docker.model import (
     LABEL_SUBMITTED,
     LABEL_VERSION,
     RANK0_ENV,
+    RESULT_PATH,
     DockerContainer,
     DockerJob,
     container_name,
@@ -63,6 +72,7 @@ class DockerOpts(TypedDict, total=False):
     quiet: bool
     stop_timeout: int
     retention: int
+    result_replicas: str
 
 
 # docker distribution's reference grammar (simplified): [registry[:port]/]path[:tag][@digest]
@@ -122,6 +132,7 @@ def run_opts() -> runopts:
         help="seconds an ended app's containers are kept; then their logs are archived in the"
         " app's record volume (log_iter still reads them) and the containers are removed",
     )
+    opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     return opts
 
 
@@ -165,6 +176,7 @@ def _validate_cfg(cfg: Mapping[str, CfgVal]) -> None:
                 "cfg.image_repo: expected a repository without tag, e.g."
                 f" 127.0.0.1:5000/shipyard, got {repo!r}"
             )
+    result_replicas(cfg.get(RESULT_REPLICAS_OPT))
     for name in ("stop_timeout", "retention"):
         value = cfg.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -193,14 +205,16 @@ def _validate_role(role: Role, where: str) -> None:
             " use a shorter role name"
         )
     for j, mount in enumerate(role.mounts):
-        _validate_mount(mount, f"{where}.mounts[{j}]")
+        check_mount(mount, f"{where}.mounts[{j}]")
     for dev in role.resource.devices:
         log.warning(
             "%s.resource.devices: %s is not supported by %s and is ignored", where, dev, BACKEND
         )
 
 
-def _validate_mount(mount: BindMount | VolumeMount | DeviceMount, where: str) -> None:
+def check_mount(mount: BindMount | VolumeMount | DeviceMount, where: str) -> None:
+    """Raises a ValueError naming ``where`` if the mount cannot work on this engine's host
+    (a bind source or device that does not exist, a relative path, a bad volume name)."""
     if isinstance(mount, BindMount):
         if not os.path.isabs(mount.src_path):
             raise ValueError(f"{where}.src: expected an absolute host path, got {mount.src_path!r}")
@@ -247,6 +261,8 @@ def build_job(app: AppDef, cfg: Mapping[str, CfgVal], session_name: str) -> Dock
                 "SHIPYARD_NUM_REPLICAS": str(role.num_replicas),
                 RANK0_ENV: rank0_host,
             }
+            result_file = replica_role.env.get(RESULT_FILE_ENV) or RESULT_PATH
+            replica_env[RESULT_FILE_ENV] = result_file
             kwargs = _container_kwargs(role, replica_id, app_id, network, cfg)
             kwargs["environment"] = replica_env
             kwargs["labels"] = {
@@ -255,6 +271,8 @@ def build_job(app: AppDef, cfg: Mapping[str, CfgVal], session_name: str) -> Dock
                 LABEL_REPLICA_ID: str(replica_id),
                 LABEL_NUM_REPLICAS: str(role.num_replicas),
                 LABEL_MAX_RETRIES: str(role.max_retries),
+                LABEL_RESULT_FILE: result_file,
+                LABEL_RESULT_REPLICAS: result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
             }
             command = [replica_role.entrypoint, *replica_role.args]
             containers.append(DockerContainer(image=role.image, command=command, kwargs=kwargs))

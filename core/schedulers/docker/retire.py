@@ -21,12 +21,13 @@ import logging
 import tarfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from core.reports import ReplicaResult
 from core.schedulers.api import DescribeAppResponse, Stream
-from core.schedulers.docker import logs, state
+from core.schedulers.docker import logs, outcome, state
 from core.schedulers.docker.model import (
     APP_LABELS,
     LABEL_APP_ID,
@@ -36,11 +37,13 @@ from core.schedulers.docker.model import (
     LABEL_NUM_RESTARTS,
     LABEL_REPLICA_ID,
     LABEL_REPLICAS,
+    LABEL_RESULT_FILE,
     LABEL_RETENTION,
     LABEL_ROLE_NAME,
     LABEL_STATE,
     LABEL_SUBMITTED,
     LABEL_TOMBSTONE,
+    RESULT_PATH,
     TOMBSTONE_PREFIX,
     is_cancelling,
     parse_docker_time,
@@ -96,6 +99,7 @@ def archive_logs(api: Any, app_id: str, containers: state.Containers) -> None:
                 info = tarfile.TarInfo(_file_name(c.get("Labels") or {}, stream))
                 info.size, info.mtime = len(data), int(time.time())
                 tar.addfile(info, io.BytesIO(data))
+            _archive_result(api, c, tar)
     with _archiver(api, app_id, containers[0]["ImageID"], read_only=False) as cid:
         api.put_archive(cid, _ARCHIVE_DIR, buf.getvalue())
 
@@ -129,6 +133,53 @@ def read_archive(
         for line in merged
         if lo <= line[: logs.TS_LEN - 1] <= hi
     ]
+
+
+def _archive_result(api: Any, c: Mapping[str, Any], tar: tarfile.TarFile) -> None:
+    """Keeps a collected replica's result file (if it wrote one) with its logs."""
+    from docker.errors import NotFound
+
+    labels = c.get("Labels") or {}
+    if not outcome.collected(labels):
+        return
+    try:
+        chunks, _ = api.get_archive(c["Id"], labels.get(LABEL_RESULT_FILE) or RESULT_PATH)
+    except NotFound:
+        return
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as src:
+        member = next((m for m in src.getmembers() if m.isfile()), None)
+        f = src.extractfile(member) if member is not None else None
+        if member is None or f is None:
+            return
+        info = tarfile.TarInfo(
+            _result_name(labels.get(LABEL_ROLE_NAME, ""), labels.get(LABEL_REPLICA_ID, ""))
+        )
+        info.size, info.mtime = member.size, int(time.time())
+        tar.addfile(info, f)
+
+
+def _result_name(role: str, k: object) -> str:
+    return f"{role}-{k}.result.json"
+
+
+def read_archived_results(
+    api: Any, app_id: str, image: str, replicas: list[tuple[str, int]]
+) -> list[ReplicaResult] | None:
+    """The results of a retired app's ``replicas`` from its archive (None: it has none)."""
+    from docker.errors import NotFound
+
+    out = []
+    try:
+        with _archiver(api, app_id, image, read_only=True) as cid:
+            for role, k in replicas:
+                try:
+                    data: bytes | None = b"".join(_read_file(api, cid, _result_name(role, k)))
+                except NotFound:
+                    data = None
+                out.append(outcome.read_archived_result(role, k, data))
+    except NotFound:
+        return None
+    return out
 
 
 def _file_name(labels: Any, stream: Stream) -> str:

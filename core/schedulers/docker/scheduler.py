@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
+from core.reports import Problem, ReplicaResult
 from core.schedulers.api import (
     IDEMPOTENCY_KEY,
     DescribeAppResponse,
@@ -20,7 +21,7 @@ from core.schedulers.api import (
     check_stream,
     filter_regex,
 )
-from core.schedulers.docker import logs, request, retire, state, submit
+from core.schedulers.docker import logs, outcome, request, retire, state, submit
 from core.schedulers.docker.model import (
     BACKEND,
     LABEL_APP_ID,
@@ -164,7 +165,40 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             app_id, containers, lambda: state.list_records(api, flt), self._restarts, time.time()
         )
         self._sweep_if_ended(resp, containers)
+        if resp is not None and resp.state == AppState.FAILED and containers:
+            outcome.apply_oom(api, resp, containers)
         return resp
+
+    def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
+        """The collected replicas' results, copied out of their containers (stopped ones
+        too), or from the app's archive once retention removed the containers."""
+        api = self._api
+        containers = state.list_containers(api, f"{LABEL_APP_ID}={app_id}")
+        if containers:
+            chosen = [c for c in containers if outcome.collected(c.get("Labels") or {})]
+            found = self._executor().map(lambda c: outcome.read_container_result(api, c), chosen)
+            return sorted(found, key=lambda r: (r.role, r.replica_id))
+        desc = self.describe(app_id)
+        if desc is None:
+            raise ValueError(f"app_id: no Docker app {app_id!r}")
+        images = [r.image for r in desc.roles if r.image]
+        wanted = [(rs.role, r.id) for rs in desc.roles_statuses for r in rs.replicas]
+        found = retire.read_archived_results(api, app_id, images[0], wanted) if images else None
+        if found is None:
+            raise ValueError(
+                f"app {app_id}: its results are gone (cancelled while running: containers removed)"
+            )
+        return [r for r in found if r.replica_id == 0 or r.present]  # (the archive kept those)
+
+    def preflight(self, dryrun_info: AppDryRunInfo[DockerJob]) -> builtins.list[Problem]:
+        """Images present on the engine (never pulled), bind sources and devices there."""
+        app = dryrun_info.app
+        if app is None:
+            return []
+        try:
+            return outcome.preflight(self._api, app)
+        except Exception as e:  # (the engine cannot be reached)
+            return [Problem("scheduler", f"the Docker engine cannot be reached: {e}")]
 
     def describe_many(self, app_ids: Iterable[str]) -> dict[str, DescribeAppResponse | None]:
         """Describes several apps from one containers list call (plus one volume list call if

@@ -1,0 +1,148 @@
+"""What a Docker app's replicas produced, why they died, and whether the engine would take it.
+
+- Results: every container gets ``$SHIPYARD_RESULT_FILE`` = :data:`RESULT_PATH` in its own
+  filesystem (the container's user must be able to write ``/``; a role may set another path
+  in its env, which the ``shipyard.result_file`` label remembers). It is copied out with
+  ``get_archive``, which works on stopped containers too; once retention removed the
+  containers, from the copy :mod:`.retire` keeps in the app's tombstone archive.
+- OOM kills: a failed replica whose container the engine marks ``OOMKilled`` is named so
+  ("killed: out of memory (peak X of Y requested)"); its peak is the memory limit it hit.
+- Pre-flight: every role's image on the engine (it never pulls), bind sources and devices
+  there, the engine reachable.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Mapping
+from typing import Any
+
+from core.reports import MAX_RESULT_BYTES, Problem, ReplicaResult, oom_message, parse_result
+from core.schedulers.api import DescribeAppResponse
+from core.schedulers.docker import request
+from core.schedulers.docker.model import (
+    LABEL_REPLICA_ID,
+    LABEL_RESULT_FILE,
+    LABEL_RESULT_REPLICAS,
+    LABEL_ROLE_NAME,
+    RESULT_PATH,
+)
+from core.specs import AppDef, AppState, ResourceUsage
+
+__all__ = [
+    "apply_oom",
+    "collected",
+    "preflight",
+    "read_archived_result",
+    "read_container_result",
+]
+
+
+def collected(labels: Mapping[str, str]) -> bool:
+    """Whether this container's result is collected (replica 0, or every one with ``all``)."""
+    return labels.get(LABEL_REPLICA_ID) == "0" or labels.get(LABEL_RESULT_REPLICAS) == "all"
+
+
+def untar_one(chunks: Any, what: str) -> bytes | int:
+    """The one file of a ``get_archive`` stream (its size if over the limit)."""
+    data = b"".join(chunks)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = next((m for m in tar.getmembers() if m.isfile()), None)
+        if member is None:
+            raise ValueError(f"{what}: not a regular file")
+        if member.size > MAX_RESULT_BYTES:
+            return member.size
+        f = tar.extractfile(member)
+        assert f is not None
+        return f.read()
+
+
+def read_container_result(api: Any, c: Mapping[str, Any]) -> ReplicaResult:
+    """The result of one container (running or stopped)."""
+    from docker.errors import APIError, NotFound
+
+    labels = c.get("Labels") or {}
+    role, k = labels.get(LABEL_ROLE_NAME, ""), int(labels.get(LABEL_REPLICA_ID, "0"))
+    path = labels.get(LABEL_RESULT_FILE) or RESULT_PATH
+    try:
+        chunks, stat = api.get_archive(c["Id"], path)
+        if int(stat.get("size", 0)) > MAX_RESULT_BYTES:
+            return parse_result(role, k, None, size=int(stat["size"]))
+        got = untar_one(chunks, path)
+    except NotFound:
+        return parse_result(role, k, None)
+    except (APIError, ValueError, tarfile.TarError) as e:
+        res = ReplicaResult(role, k, present=True)
+        res.error = f"{role}/{k}: cannot copy its result file {path} out: {e}"
+        return res
+    if isinstance(got, int):
+        return parse_result(role, k, None, size=got)
+    return parse_result(role, k, got)
+
+
+def read_archived_result(role: str, k: int, data: bytes | None) -> ReplicaResult:
+    """The result of a retired replica, from the tombstone archive's copy (None: none)."""
+    if data is not None and len(data) > MAX_RESULT_BYTES:
+        return parse_result(role, k, None, size=len(data))
+    return parse_result(role, k, data)
+
+
+def apply_oom(api: Any, resp: DescribeAppResponse, containers: list[dict[str, Any]]) -> None:
+    """Names the failed replicas the engine OOM-killed (one inspect per failed replica that
+    died of SIGKILL, the only exit an OOM kill gives)."""
+    by_name = {
+        (
+            (c.get("Labels") or {}).get(LABEL_ROLE_NAME),
+            (c.get("Labels") or {}).get(LABEL_REPLICA_ID),
+        ): c
+        for c in containers
+    }
+    ooms = []
+    for rs in resp.roles_statuses:
+        for r in rs.replicas:
+            c = by_name.get((rs.role, str(r.id)))
+            if c is None or r.state != AppState.FAILED or r.exit_code not in (137, -9):
+                continue
+            info = api.inspect_container(c["Id"])
+            if not (info.get("State") or {}).get("OOMKilled"):
+                continue
+            limit = int((info.get("HostConfig") or {}).get("Memory") or 0) or None
+            r.usage = r.usage or ResourceUsage(requested_memory=limit)
+            r.usage.oom_killed = True
+            r.usage.peak_memory = r.usage.peak_memory or limit  # (it hit its limit)
+            msg = f"{rs.role}/{r.id} " + oom_message(r.usage.peak_memory, limit)
+            r.structured_error_msg = json.dumps({"message": msg, "exit_code": r.exit_code})
+            ooms.append(msg)
+    if ooms:
+        resp.msg = "; ".join([*ooms, *([] if resp.msg in ("", "<NONE>") else [resp.msg])])
+
+
+def preflight(api: Any, app: AppDef) -> list[Problem]:
+    """Every role's image present on the engine, its bind sources and devices there."""
+    from docker.errors import APIError, ImageNotFound
+
+    problems = []
+    for i, role in enumerate(app.roles):
+        where = f"roles[{i}]"
+        if role.image:
+            try:
+                api.inspect_image(role.image)
+            except ImageNotFound:
+                problems.append(
+                    Problem(
+                        f"{where}.image",
+                        f"image {role.image!r} is not present on the Docker engine; build or"
+                        " load it first (local_docker never pulls images)",
+                    )
+                )
+            except APIError as e:
+                problems.append(Problem(f"{where}.image", f"the engine rejects it: {e}"))
+        for j, mount in enumerate(role.mounts):
+            try:
+                request.check_mount(mount, f"{where}.mounts[{j}]")
+            except ValueError as e:
+                field, _, msg = str(e).partition(": ")
+                problems.append(Problem(field, msg))
+    return problems

@@ -1,0 +1,130 @@
+"""Issue 19 on the real Docker engine: results copied out of stopped containers (and out of
+the archive after retention), OOMKilled named with its peak, and pre-flight checks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from core.runner import Runner
+from core.schedulers.docker_scheduler import DockerScheduler, create_scheduler
+from core.specs import AppDef, AppState, BindMount, DeviceMount, Resource, Role
+
+IMAGE = "shipyard-test/busybox:latest"
+WRITE = 'echo "{\\"rank\\": $SHIPYARD_REPLICA_ID}" > "$SHIPYARD_RESULT_FILE"'
+
+
+@pytest.fixture
+def sched(docker_client: Any) -> Iterator[DockerScheduler]:
+    """A scheduler on a session of its own; its apps are purged afterwards."""
+    docker_client.images.get(IMAGE)
+    scheduler = create_scheduler(f"pytest-{uuid.uuid4().hex[:8]}")
+    yield scheduler
+    for app in scheduler.list():
+        scheduler.purge(app.app_id)
+    scheduler.close()
+
+
+def _runner(sched: DockerScheduler) -> Runner:
+    return Runner(sched.session_name, {"local_docker": lambda session, **kw: sched})
+
+
+def _run(sched: DockerScheduler, app: AppDef, cfg: dict[str, Any] | None = None) -> str:
+    runner = _runner(sched)
+    handle = runner.run(app, "local_docker", cfg)
+    runner.wait(handle, wait_interval=0.1)
+    return handle
+
+
+def test_result_copied_out_of_stopped_containers(sched: DockerScheduler) -> None:
+    app = AppDef(
+        "res",
+        [
+            Role("w", image=IMAGE, entrypoint="sh", args=["-c", WRITE], num_replicas=2),
+            Role("quiet", image=IMAGE, entrypoint="true"),
+        ],
+    )
+    handle = _run(sched, app)
+    result = _runner(sched).result(handle)
+    assert result.state == AppState.SUCCEEDED
+    assert result.values() == {"w": {0: {"rank": 0}}}  # replica 0 of each role
+    assert result.get("quiet") is None and result.errors == []
+    every = _runner(sched).result(_run(sched, app, {"result_replicas": "all"}))
+    assert every.values() == {"w": {0: {"rank": 0}, 1: {"rank": 1}}}
+
+
+def test_result_survives_retention(sched: DockerScheduler, docker_client: Any) -> None:
+    app = AppDef("keep", [Role("w", image=IMAGE, entrypoint="sh", args=["-c", WRITE])])
+    handle = _run(sched, app, {"retention": 0})
+    sched.sweep()  # archives the logs (and the result) and removes the containers
+    app_id = handle.rsplit("/", 1)[1]
+    flt = {"label": f"shipyard.app_id={app_id}"}
+    assert docker_client.api.containers(all=True, filters=flt) == []
+    assert _runner(sched).result(handle).get("w") == {"rank": 0}
+
+
+def test_invalid_and_oversized_results_name_the_replica(sched: DockerScheduler) -> None:
+    bad = 'echo "{oops" > "$SHIPYARD_RESULT_FILE"'
+    big = 'head -c 1100000 /dev/zero > "$SHIPYARD_RESULT_FILE"'
+    app = AppDef(
+        "bad",
+        [
+            Role("bad", image=IMAGE, entrypoint="sh", args=["-c", bad]),
+            Role("big", image=IMAGE, entrypoint="sh", args=["-c", big]),
+        ],
+    )
+    errors = _runner(sched).result(_run(sched, app)).errors
+    assert errors[0].startswith("bad/0: result file is not valid JSON")
+    assert errors[1].startswith("big/0: result file is 1100000 bytes, more than")
+
+
+def test_oom_kill_is_named_with_its_peak(sched: DockerScheduler) -> None:
+    hog = AppDef(
+        "oom",
+        [
+            Role(
+                "m",
+                image=IMAGE,
+                entrypoint="sh",
+                args=["-c", "head -c 300m /dev/zero | tail"],
+                resource=Resource(1, 0, 64),
+            )
+        ],
+    )
+    status = _runner(sched).status(_run(sched, hog))
+    assert status is not None and status.state == AppState.FAILED
+    assert status.msg.startswith("m/0 killed: out of memory (peak 64 MiB of 64 MiB requested)")
+    replica = status.roles[0].replicas[0]
+    assert replica.usage is not None and replica.usage.oom_killed
+
+
+def test_preflight_reports_every_problem_at_once(sched: DockerScheduler) -> None:
+    app = AppDef(
+        "pre",
+        [
+            Role(
+                "a",
+                image="shipyard-test/no-such-image:latest",
+                entrypoint="true",
+                mounts=[BindMount("/no/such/dir", "/data"), DeviceMount("/dev/no-such", "/dev/x")],
+            ),
+            Role("b", image=IMAGE, entrypoint="true"),
+        ],
+    )
+    problems = _runner(sched).preflight(app, "local_docker")
+    assert [p.field for p in problems] == [
+        "roles[0].image",
+        "roles[0].mounts[0].src",
+        "roles[0].mounts[1].src",
+    ]
+    assert "not present on the Docker engine" in problems[0].message
+    assert (
+        _runner(sched).preflight(
+            AppDef("ok", [Role("b", image=IMAGE, entrypoint="true")]), "local_docker"
+        )
+        == []
+    )
+    assert sched.list() == []  # nothing was started
