@@ -176,8 +176,8 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         containers = state.list_containers(api, f"{LABEL_APP_ID}={app_id}")
         if containers:
             chosen = [c for c in containers if outcome.collected(c.get("Labels") or {})]
-            found = self._executor().map(lambda c: outcome.read_container_result(api, c), chosen)
-            return sorted(found, key=lambda r: (r.role, r.replica_id))
+            read = self._executor().map(lambda c: outcome.read_container_result(api, c), chosen)
+            return sorted(read, key=lambda r: (r.role, r.replica_id))
         desc = self.describe(app_id)
         if desc is None:
             raise ValueError(f"app_id: no Docker app {app_id!r}")
