@@ -263,8 +263,9 @@ def resolve_backend(scheduler: str | ShipyardBackend | None, cfg: Cfg | None = N
             block = ShipyardBackend.load(scheduler)
         except ValueError:
             raise ValueError(
-                f"scheduler: {scheduler!r} is neither a scheduler ({', '.join(get_scheduler_factories())})"
-                " nor a saved Shipyard Backend block"
+                f"scheduler: unknown scheduler {scheduler!r}; expected one of"
+                f" {', '.join(get_scheduler_factories())}, or the name of a saved Shipyard"
+                " Backend block"
             ) from None
         assert isinstance(block, ShipyardBackend)
         scheduler = block
