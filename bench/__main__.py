@@ -1,7 +1,7 @@
 """``python -m bench``: every hot path of Shipyard beside its physical limit, in one run.
 
     python -m bench                       # everything (skips backends whose service is missing)
-    python -m bench --only local,startup  # some sections: local, docker, slurm, remote, airflow, startup
+    python -m bench --only local,startup  # some sections: local, docker, slurm, remote, airflow, prefect, startup
     python -m bench --runs 9              # runs per row (medians; fast paths repeat more)
     python -m bench --json out.json       # default: bench/results/latest.json
     python -m bench --markdown            # also print the table as Markdown (for the README)
@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-SECTIONS = ("local", "docker", "slurm", "remote", "airflow", "startup")
+SECTIONS = ("local", "docker", "slurm", "remote", "airflow", "prefect", "startup")
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
 
@@ -35,6 +35,8 @@ def _load(name: str) -> Callable[..., list]:  # type: ignore[type-arg]
         from bench import remote_bench as m  # type: ignore[no-redef]
     elif name == "airflow":
         from bench import airflow_bench as m  # type: ignore[no-redef]
+    elif name == "prefect":
+        from bench import prefect_bench as m  # type: ignore[no-redef]
     else:
         from bench import startup_bench as m  # type: ignore[no-redef]
     return m.run
