@@ -90,7 +90,7 @@ def _measure(row: Row, runs: int) -> None:
             print_next_steps=False,
         )
         with get_client(sync_client=True) as client:
-            samples = [_one_run(client, deployment_id) for _ in range(runs)]
+            samples = [_one_run(client, deployment_id) for _ in range(runs)]  # type: ignore[arg-type]
     row.samples = {"shipyard": samples}
     row.shipyard = median(samples)
     row.note = f"poll interval {poll_interval():g} s; samples {[round(s, 2) for s in samples]}"
