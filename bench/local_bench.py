@@ -166,6 +166,35 @@ def run(ctx: Ctx) -> list[Row]:
         succeeded_row,
     )
 
+    # -- submit -> result (issue 19) ---------------------------------------------------------
+    def result_row(row: Row) -> None:
+        sh = shutil.which("sh") or "/bin/sh"
+        writes = _app("bres", sh, ["-c", 'echo 1 > "$SHIPYARD_RESULT_FILE"'])
+        plain = _app("bnores", sh, ["-c", ":"])
+
+        def timed(app: Any, read: bool) -> float:
+            t0 = time.perf_counter()
+            h = runner.run(app, "local_cwd")
+            while not ((st := runner.status(h)) is not None and st.is_terminal()):
+                time.sleep(POLL)
+            if read and runner.result(h).get("r") != 1:
+                raise AssertionError(f"{h}: result not read back")
+            dt = time.perf_counter() - t0
+            _quiesce(runner, h)
+            return dt
+
+        sides = {"shipyard": lambda: timed(writes, True), "raw": lambda: timed(plain, False)}
+        fill(row, interleave(sides, ctx.runs * 3, warmup=2))
+
+    sec.measure(
+        sec.row(
+            "trivial app: submit -> result (writes and reads $SHIPYARD_RESULT_FILE)",
+            ratio(1.05),
+            raw_name="same app, no result",
+        ),
+        result_row,
+    )
+
     # -- describe from a fresh process ------------------------------------------------------
     def describe_row(row: Row, cold: bool) -> None:
         h = runner.run(_app("bdesc", "sleep", ["60"], 8), "local_cwd")
