@@ -10,8 +10,9 @@
     shipyard list -s local_cwd
     shipyard list -s slurm --cfg cluster=hpc1
     shipyard runopts local_docker
+    shipyard schema > shipyard-app.schema.json   # JSON Schema of app files, for editors
 
-Exit codes: 0 success, 1 the app did not succeed (or is unknown), 2 bad input, 130 interrupted.
+Exit codes: see :data:`EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -20,19 +21,39 @@ import argparse
 import gc
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.specs import AppDef, AppState, Role, parse_app_handle
+
+if TYPE_CHECKING:
+    from core.runner import Runner
+    from core.specs import AppStatus
 
 log = logging.getLogger("core.cli")
 
 EXIT_OK = 0
 EXIT_APP_FAILED = 1
 EXIT_USAGE = 2
+#: the backend (Docker engine, Slurm controller, slurmrestd, SSH login node) could not be
+#: reached or did not answer, after retries: nothing is known about the job, which may still
+#: be running (sysexits' EX_TEMPFAIL: try again later)
+EXIT_BACKEND_UNAVAILABLE = 75
+EXIT_INTERRUPTED = 130
+
+#: what each exit code of ``shipyard`` means (also shown by ``shipyard --help``)
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success",
+    EXIT_APP_FAILED: "the app did not succeed, or is unknown",
+    EXIT_USAGE: "bad input (arguments, app file, options)",
+    EXIT_BACKEND_UNAVAILABLE: "the backend could not be reached or did not answer (after"
+    " retries); the job's state is unknown: try again",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C; a job started by `run --wait` is cancelled)",
+}
 
 
 class _UsageError(Exception):
@@ -130,16 +151,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if args.log:
                 for line in runner.stream_logs(handle, should_tail=True):
                     print(str(line), flush=True)
-            status = runner.wait(handle, wait_interval=0.2)
+                status = runner.wait(handle, wait_interval=0.2)
+            else:
+                status = _wait_showing_progress(runner, handle, args.progress)
         except KeyboardInterrupt:
             runner.cancel(handle)
             print(f"interrupted: cancelled {handle}", file=sys.stderr)
-            return 130
+            return EXIT_INTERRUPTED
         if status is None:
             print(f"{handle}: unknown to the scheduler", file=sys.stderr)
             return EXIT_APP_FAILED
         _print_status(handle, status)
         return EXIT_OK if status.state == AppState.SUCCEEDED else EXIT_APP_FAILED
+
+
+def _wait_showing_progress(runner: Runner, handle: str, mode: str) -> AppStatus | None:
+    """Waits for the app, showing replica states on stderr as they change (``mode``: auto, a
+    live line on a terminal and plain lines otherwise; live; plain; none)."""
+    if mode == "none":
+        return runner.wait(handle, wait_interval=0.2)
+    from core.progress import Progress, wait_with_progress
+
+    live = None if mode == "auto" else mode == "live"
+    return wait_with_progress(runner, handle, Progress(sys.stderr, live=live))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -275,9 +309,48 @@ def _cmd_runopts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from core.appfile import app_json_schema
+
+    print(json.dumps(app_json_schema(), indent=2))
+    return EXIT_OK
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed distribution's version, looked up only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("shipyard")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            found = "unknown (not installed)"
+        print(f"shipyard {found}")
+        parser.exit()
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {code:<4}{meaning}" for code, meaning in EXIT_CODES.items())
+    return (
+        f"exit codes:\n{codes}\n\n"
+        "shell completion (bash, zsh; argcomplete):\n"
+        '  eval "$(register-python-argcomplete shipyard)"'
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``shipyard`` argument parser."""
-    p = _Parser(prog="shipyard", description="Launch and follow multi-role jobs.")
+    p = _Parser(
+        prog="shipyard",
+        description="Launch and follow multi-role jobs.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action=_VersionAction)
     p.add_argument("-v", "--verbose", action="store_true", help="log what shipyard does")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
@@ -286,7 +359,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cfg", help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`)")
     run.add_argument("--workspace", help="directory to apply as the workspace")
     run.add_argument("--dryrun", action="store_true", help="print the request, submit nothing")
-    run.add_argument("--wait", action="store_true", help="wait for the app to finish")
+    run.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the app to finish, showing replica states on stderr as they change",
+    )
+    run.add_argument(
+        "--progress",
+        choices=["auto", "live", "plain", "none"],
+        default="auto",
+        help="with --wait: a live status line (live), a line per change (plain), nothing"
+        " (none); auto: live on a terminal, plain otherwise",
+    )
     run.add_argument(
         "--log", action="store_true", help="stream the logs of every replica (implies --wait)"
     )
@@ -327,7 +411,34 @@ def build_parser() -> argparse.ArgumentParser:
     ro = sub.add_parser("runopts", help="show the options of one or every scheduler")
     ro.add_argument("scheduler", nargs="?")
     ro.set_defaults(func=_cmd_runopts)
+
+    sc = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of app files (for editors, e.g. the YAML language server)",
+    )
+    sc.set_defaults(func=_cmd_schema)
     return p
+
+
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Shell completion: when the shell asks (argcomplete sets ``_ARGCOMPLETE``), answers and
+    exits; otherwise does nothing (and imports nothing)."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    try:
+        import argcomplete
+    except ImportError:  # completion is optional: without argcomplete, nothing to offer
+        return
+    argcomplete.autocomplete(parser)
+
+
+def _error_lines(e: BaseException) -> list[str]:
+    """``e`` as ``shipyard: error: ...`` lines: one, or one per issue of an app file."""
+    appfile = sys.modules.get("core.appfile")  # (an AppFileError means it was imported)
+    if appfile is not None and isinstance(e, appfile.AppFileError):
+        return [f"shipyard: error: {line}" for line in str(e).splitlines()]
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return [f"shipyard: error: {first}"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -340,7 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1 :]
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        _complete(parser)
+        args = parser.parse_args(argv)
         if command and args.cmd != "run":
             raise _UsageError(f"shipyard {args.cmd}: unexpected arguments after --")
         args.command = command
@@ -353,21 +466,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(str(e).splitlines()[0], file=sys.stderr)
         return EXIT_USAGE
     except (ValueError, TimeoutError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"shipyard: error: {first}", file=sys.stderr)
+        print("\n".join(_error_lines(e)), file=sys.stderr)
         return EXIT_USAGE if isinstance(e, ValueError) else EXIT_APP_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_OK
     except Exception as e:  # anything else: still one line, no traceback unless -v
         if "-v" in argv or "--verbose" in argv:
             raise
+        return _unexpected(e)
+
+
+def _unexpected(e: Exception) -> int:
+    """The exit code of an error no command handled, printed on one line: the backend could
+    not be reached (:data:`EXIT_BACKEND_UNAVAILABLE`), or anything else (exit 1)."""
+    from core.transient import BackendUnavailable, is_transient
+
+    first = str(e).splitlines()[0] if str(e) else ""
+    if isinstance(e, BackendUnavailable) or is_transient(e):
         print(
-            f"shipyard: error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            f"shipyard: error: backend unavailable (try again later): {first or type(e).__name__}",
             file=sys.stderr,
         )
-        return EXIT_APP_FAILED
+        return EXIT_BACKEND_UNAVAILABLE
+    print(f"shipyard: error: {type(e).__name__}: {first}", file=sys.stderr)
+    return EXIT_APP_FAILED
 
 
 def console_main() -> None:

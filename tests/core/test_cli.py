@@ -124,10 +124,164 @@ def test_bad_yaml_names_the_field(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert (
         r.stderr.strip()
-        == "shipyard: error: roles[1].num_replicas: expected a positive integer, got -2"
+        == f"shipyard: error: {p}:4:44: roles[1].num_replicas: expected a positive integer, got -2"
     )
 
 
 def test_unknown_handle_exits_1() -> None:
     r = sh("status", "local_cwd://shipyard/never-existed-123")
     assert r.returncode == 1 and "no such app" in r.stderr
+
+
+# -- issue 20: --version, schema, progress, exit codes, completion ---------------------------
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    r = sh("--version")
+    assert r.returncode == 0 and r.stdout == f"shipyard {version('shipyard')}\n", r
+
+
+EXAMPLE_APP_FILES = sorted(
+    p
+    for d in ("dags", "scripts")
+    for p in (Path(__file__).parents[2] / d).rglob("*.y*ml")
+    if "roles:" in p.read_text()
+)
+
+
+def test_schema_validates_every_example_app_file(tmp_path: Path) -> None:
+    import yaml
+
+    r = sh("schema")
+    assert r.returncode == 0, r.stderr
+    schema = json.loads(r.stdout)
+    assert schema["title"] == "Shipyard app" and "roles" in schema["required"]
+    assert len(EXAMPLE_APP_FILES) >= 2, EXAMPLE_APP_FILES
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in EXAMPLE_APP_FILES:
+        errors = [e.message for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
+        assert not errors, (path, errors)
+    bad = {"name": "x", "roles": [{"name": "a", "entrypoint": "e", "num_replicas": 0}]}
+    assert [e.message for e in validator.iter_errors(bad)] == ["0 is less than the minimum of 1"]
+
+
+def test_every_app_file_error_is_a_line_and_exit_2(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\nroles:\n  - {name: a, entrypoint: e, num_replicas: 0}\n  - {name: b}\n")
+    r = sh("run", str(p))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [
+        f"shipyard: error: {p}:3:44: roles[0].num_replicas: expected a positive integer, got 0",
+        f"shipyard: error: {p}:4:5: roles[1].entrypoint: required",
+    ]
+
+
+def _gated_job(gate: Path, *extra: str) -> list[str]:
+    """A 2-replica job that runs until ``gate`` exists (or 60 s, so nothing is left behind)."""
+    loop = f"i=0; while [ ! -e {gate} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
+    return [SHIPYARD, "run", "--wait", "--replicas", "2", *extra, "--", "sh", "-c", loop]
+
+
+def test_run_wait_prints_replica_states_as_they_change(tmp_path: Path) -> None:
+    gate = tmp_path / "go"
+    p = subprocess.Popen(
+        _gated_job(gate), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert p.stderr is not None and p.stdout is not None
+    lines = []
+    for line in p.stderr:  # not a terminal: one plain line per change
+        lines.append(line.split("] ", 1)[-1].rstrip("\n"))
+        if {"sh/0 RUNNING on localhost", "sh/1 RUNNING on localhost"} <= set(lines):
+            gate.touch()
+    assert p.wait(timeout=60) == 0
+    assert lines[0] == "app RUNNING" and lines.count("app RUNNING") == 1, lines
+    assert lines[-3:] == [
+        "app SUCCEEDED",
+        "sh/0 SUCCEEDED (exit 0) on localhost",
+        "sh/1 SUCCEEDED (exit 0) on localhost",
+    ], lines
+    assert "State: SUCCEEDED" in p.stdout.read()
+
+
+def test_run_wait_on_a_terminal_redraws_one_status_line(tmp_path: Path) -> None:
+    import os
+    import pty
+    import select
+
+    gate = tmp_path / "go"
+    master, slave = pty.openpty()
+    p = subprocess.Popen(
+        _gated_job(gate), cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave,
+        env={**os.environ, "TERM": "xterm"},
+    )  # fmt: skip
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        assert ready, seen
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+        if b"sh: 2 RUNNING" in seen:
+            gate.touch()
+    os.close(master)
+    assert p.wait(timeout=60) == 0
+    text = seen.decode()
+    assert "\n" not in text, text  # redrawn in place, never scrolled
+    assert text.startswith("\r") and text.endswith("\r\x1b[K")  # cleared at the end
+    draws = [d.removesuffix("\x1b[K") for d in text.split("\r") if d.removesuffix("\x1b[K")]
+    assert draws[0].startswith("RUNNING ") and draws[0].endswith("  sh: 2 RUNNING"), draws
+    assert draws[-1].startswith("SUCCEEDED ") and draws[-1].endswith("sh: 2 SUCCEEDED"), draws
+    assert len(draws) == len(set(draws))  # drawn only when it changes
+
+
+def test_an_unreachable_backend_has_its_own_exit_code(tmp_path: Path) -> None:
+    pytest.importorskip("requests")
+    import os
+
+    clusters = tmp_path / "clusters.yaml"
+    clusters.write_text(
+        "down:\n  transport: rest\n  rest_url: http://127.0.0.1:9\n  user: u\n"
+        f"  token_env: DOWN_TOKEN\n  local_mount: {tmp_path}\n  remote_dir: {tmp_path}\n"
+    )
+    env = {
+        **os.environ,
+        "SHIPYARD_CLUSTERS": str(clusters),
+        "DOWN_TOKEN": "x",
+        "SHIPYARD_RETRY_BUDGET": "0",
+    }
+    r = subprocess.run(
+        [SHIPYARD, "status", "slurm://shipyard/down:1"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert r.returncode == 75, (r.returncode, r.stderr)
+    assert r.stderr.startswith("shipyard: error: backend unavailable")
+    assert len(r.stderr.splitlines()) == 1 and "127.0.0.1:9" in r.stderr
+    assert "75" in sh("--help").stdout
+
+
+def test_shell_completion_offers_commands_and_choices(tmp_path: Path) -> None:
+    import os
+
+    out = tmp_path / "completions"
+
+    def complete(line: str) -> list[str]:
+        env = {
+            **os.environ,
+            "_ARGCOMPLETE": "1",
+            "COMP_LINE": line,
+            "COMP_POINT": str(len(line)),
+            "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
+        }
+        subprocess.run([SHIPYARD], env=env, timeout=60, check=True, capture_output=True)
+        return sorted(w.strip() for w in out.read_text().split("\x0b"))
+
+    assert complete("shipyard sch") == ["schema"]
+    assert complete("shipyard run --progress ") == ["auto", "live", "none", "plain"]
