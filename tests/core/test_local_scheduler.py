@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -310,7 +311,9 @@ def test_local_dir_runs_in_the_image_directory(tmp_path: Path) -> None:
         s.close()
 
 
-def test_auto_set_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_set_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     s = create_cwd_scheduler("gpu")
     try:
         app = AppDef(
@@ -321,27 +324,33 @@ def test_auto_set_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
                 ),
                 Role("b", entrypoint="true", num_replicas=1),
                 Role(
-                    "c", entrypoint="true", num_replicas=1, resource=Resource(cpu=1, gpu=2, memMB=1)
+                    "c", entrypoint="true", num_replicas=2, resource=Resource(cpu=1, gpu=3, memMB=1)
                 ),
             ],
         )
         cfg = {"auto_set_cuda_visible_devices": True}
-        # no GPU machine here: the device count is the only thing faked
-        monkeypatch.setattr(s, "_get_gpu_device_count", lambda: 3)
-        req = s.submit_dryrun(app, cfg).request
-        assert [p.env.get("CUDA_VISIBLE_DEVICES") for p in req.role_params["a"]] == ["0", "1"]
-        assert "CUDA_VISIBLE_DEVICES" not in req.role_params["b"][0].env
-        assert req.role_params["c"][0].env["CUDA_VISIBLE_DEVICES"] == "2"
-        monkeypatch.setattr(s, "_get_gpu_device_count", lambda: 2)
-        req = s.submit_dryrun(app, cfg).request
-        assert all(
-            "CUDA_VISIBLE_DEVICES" not in p.env for ps in req.role_params.values() for p in ps
-        )
-        monkeypatch.setattr(s, "_get_gpu_device_count", lambda: 8)
-        req = s.submit_dryrun(app, {}).request
-        assert all(
-            "CUDA_VISIBLE_DEVICES" not in p.env for ps in req.role_params.values() for p in ps
-        )
+
+        def visible(devices: int, cfg: dict[str, bool] = cfg) -> dict[str, list[str | None]]:
+            # no GPU machine here: the device count (nvidia-smi -L) is the only thing faked
+            monkeypatch.setattr(s, "_get_gpu_device_count", lambda: devices)
+            req = s.submit_dryrun(app, cfg).request
+            return {
+                role: [p.env.get("CUDA_VISIBLE_DEVICES") for p in ps]
+                for role, ps in req.role_params.items()
+            }
+
+        # gpu=N: N devices of its own per replica; gpu=1: one each; no gpu: none
+        expected = {"a": ["0", "1"], "b": [None], "c": ["2,3,4", "5,6,7"]}
+        assert visible(8) == expected
+        assert visible(16) == expected
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert visible(7) == {"a": [None, None], "b": [None], "c": [None, None]}
+        assert [r.getMessage() for r in caplog.records] == [
+            "auto_set_cuda_visible_devices: the replicas ask for 8 GPUs (a: 2 x 1, c: 2 x 3) but"
+            " this host has 7; CUDA_VISIBLE_DEVICES is not set, so every replica sees all of them"
+        ]
+        assert visible(8, {}) == {"a": [None, None], "b": [None], "c": [None, None]}
     finally:
         s.close()
 

@@ -40,9 +40,9 @@ def run_opts() -> runopts:
         "auto_set_cuda_visible_devices",
         type_=bool,
         default=False,
-        help="sets the `CUDA_AVAILABLE_DEVICES` for roles that request GPU resources. Each"
-        " role replica will be assigned one GPU. Does nothing if the device count is less"
-        " than replicas.",
+        help="sets `CUDA_VISIBLE_DEVICES` for roles that request GPU resources: each replica"
+        " gets as many GPUs of its own as its role asks for (one for gpu=1). Does nothing"
+        " (with a warning) if the host has fewer GPUs than the replicas ask for in all.",
     )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     return opts

@@ -527,25 +527,28 @@ class LocalScheduler(Scheduler[PopenRequest]):
     def _set_cuda_visible_devices(
         self, role_params: dict[str, builtins.list[ReplicaParam]], app: AppDef
     ) -> None:
-        """One GPU per replica of every role that asks for GPUs, if there are enough."""
+        """Each replica of a role asking for N GPUs (``resource.gpu`` > 0) gets N devices of its
+        own (TorchX's rule: one when N is 1), if the host has enough for all of them."""
         gpu_roles = [r for r in app.roles if r.resource.gpu > 0]
-        needed = sum(r.num_replicas for r in gpu_roles)
+        needed = sum(r.resource.gpu * r.num_replicas for r in gpu_roles)
         if not needed:
             return
         count = self._get_gpu_device_count()
         if count < needed:
             log.warning(
-                "auto_set_cuda_visible_devices: %d replicas ask for GPUs but %d GPUs were found;"
-                " CUDA_VISIBLE_DEVICES is not set",
+                "auto_set_cuda_visible_devices: the replicas ask for %d GPUs (%s) but this host"
+                " has %d; CUDA_VISIBLE_DEVICES is not set, so every replica sees all of them",
                 needed,
+                ", ".join(f"{r.name}: {r.num_replicas} x {r.resource.gpu}" for r in gpu_roles),
                 count,
             )
             return
         device = 0
         for role in gpu_roles:
             for param in role_params[role.name]:
-                param.env["CUDA_VISIBLE_DEVICES"] = str(device)
-                device += 1
+                devices = range(device, device + role.resource.gpu)
+                param.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+                device += role.resource.gpu
 
     def start_collector(self, app_dir: str) -> None:
         """Starts a log collector for an app whose collector is gone."""
