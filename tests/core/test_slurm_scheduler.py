@@ -254,6 +254,13 @@ def test_replica_request_from_role_and_materialize() -> None:
     assert batch.materialize().count("srun") == 1
 
 
+def test_app_ids_with_a_trailing_newline_are_not_jobs() -> None:
+    s = _offline_scheduler()
+    for bad in ("123\n", "hpc1:123\n", " 123", "123 ", "12 3"):
+        with pytest.raises(ValueError, match="not a slurm app id"):
+            list(s.log_iter(bad, "r"))  # refused before any cluster is asked
+
+
 def test_components_without_memory_do_not_inherit_it() -> None:
     # sbatch carries --mem from one het component to the next unless it is given again
     s = _offline_scheduler()
@@ -533,6 +540,13 @@ def test_failing_replica_gives_failed_with_its_exit_code(cluster: Cluster) -> No
 def test_cancel_is_idempotent(cluster: Cluster) -> None:
     job_id = cluster.submit(_two_role_app(trainer="sleep 300", ps="sleep 300"))
     cluster.wait_state(job_id, {AppState.RUNNING})
+    # not this job's id: a trailing newline or a space is not read as the job (scancel is
+    # synchronous in the controller: a cancelled job would read CANCELLED at once)
+    for malformed in (f"{job_id}\n", f" {job_id}", f"{job_id} "):
+        cluster.sched.cancel(malformed)
+        assert cluster.sched.describe(malformed) is None
+    running = cluster.sched.describe(job_id)
+    assert running is not None and running.state == AppState.RUNNING
     cluster.sched.cancel(job_id)
     done = cluster.wait_done(job_id)
     assert done.state == AppState.CANCELLED

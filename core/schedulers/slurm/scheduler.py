@@ -77,7 +77,8 @@ _MAIL_TYPES = frozenset(
 )
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _JOB_ID_RE = re.compile(r"^[0-9]+$")
-_APP_ID_RE = re.compile(r"^(?:(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):)?(?P<job>[0-9]+)$")
+# used with fullmatch: `$` would also accept a trailing newline ("123\n" as job 123)
+_APP_ID_RE = re.compile(r"(?:(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):)?(?P<job>[0-9]+)")
 _STR_OPTIONS = (*SBATCH_JOB_OPTIONS, "job_dir", "cluster")
 
 
@@ -712,7 +713,7 @@ def _fill_exit_codes(acct: JobInfo, controller: JobInfo) -> None:
 
 
 def _split(app_id: str) -> tuple[str | None, str] | None:
-    m = _APP_ID_RE.match(app_id) if isinstance(app_id, str) else None
+    m = _APP_ID_RE.fullmatch(app_id) if isinstance(app_id, str) else None
     return (m.group("cluster"), m.group("job")) if m else None
 
 
