@@ -407,8 +407,6 @@ def _fields_at(loc: Sequence[str | int]) -> list[str]:
             model = RoleSpec
         elif part == "resource":
             model = ResourceSpec
-        elif part == "mounts":
-            model = MountSpec
     return list(model.model_fields)
 
 
