@@ -146,13 +146,19 @@ class Background:
 
     # -- called by submitting threads -------------------------------------------------------
 
+    def _claim(self) -> None:
+        """(Under the lock) the first use in this process, or in a forked child: starts afresh
+        before anything is counted (a launch counted before the reset left ``_pending`` at -1
+        once done, and the exit flush waited its whole timeout)."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._reset()
+            atexit.register(self.flush)
+
     def _put(self, item: tuple[str, Any], *before: tuple[str, Any]) -> None:
         """Queues ``before`` then ``item`` for the thread (starting it if needed)."""
         with self._lock:
-            if self._pid != os.getpid():  # first use, or a forked child
-                self._pid = os.getpid()
-                self._reset()
-                atexit.register(self.flush)
+            self._claim()
             self._q.extend(before)  # (after a reset: a first use must not drop them)
             self._q.append(item)
             if self._thread is None:
@@ -186,6 +192,7 @@ class Background:
         log collection. ``housekeeping()`` bounds the submitting scheduler's finished apps (True
         while some must wait)."""
         with self._lock:
+            self._claim()
             self._pending += 1
             if housekeeping is not None:  # (weakly: a scheduler is not kept alive for it)
                 self._housekeepers.add(weakref.WeakMethod(housekeeping))  # type: ignore[arg-type]
