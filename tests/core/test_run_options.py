@@ -34,7 +34,7 @@ def test_a_typed_cfg_reaches_the_scheduler(tmp_path: Path) -> None:
     app = AppDef("typed", [Role("r", entrypoint="true")])
     with get_runner("t") as runner:
         info = runner.dryrun(app, "local_cwd", cfg)
-    assert info.cfg == {**cfg, "auto_set_cuda_visible_devices": False}
+    assert info.cfg == {**cfg, "auto_set_cuda_visible_devices": False, "result_replicas": "first"}
     assert info.request.log_dir == str(tmp_path / info.request.app_id)
 
 
