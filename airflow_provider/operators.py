@@ -36,7 +36,7 @@ from airflow_provider._common import (
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_url
 from airflow_provider.triggers import ShipyardJobTrigger
-from core.follow import END, LogCursor, LogFollower, lines_after
+from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import status_poller
 from core.runner import AppFailedError, Runner
 from core.schedulers import get_default_scheduler_name
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ShipyardJobFailedError", "ShipyardOperator"]
 
-# how long the task waits for the last log lines after the app ended
-_LOG_DRAIN_TIMEOUT = 30.0
 # what the status poller puts in the log queue when the app has a new status
 _WAKE: Any = object()
 
@@ -421,7 +419,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                         break
                     ended = self._drain(lines, cursor, self.poll_interval) or ended
             if not ended:
-                self._drain(lines, cursor, _LOG_DRAIN_TIMEOUT, until_end=True)
+                self._drain(lines, cursor, DRAIN_TIMEOUT, until_end=True)
         finally:
             follower.stop()
         self._log_lines_after(runner, handle, cursor)

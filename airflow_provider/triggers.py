@@ -26,7 +26,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
 from airflow_provider.hooks.shipyard import connection_settings
 from core.clusters import register_cluster
-from core.follow import END, LogCursor, LogFollower, lines_after
+from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import StatusWatch, status_poller
 from core.runner import LogLine
 from core.specs import AppHandle, AppStatus, parse_app_handle
@@ -38,8 +38,6 @@ __all__ = ["LOG_CURSOR_XCOM_KEY", "ShipyardJobTrigger"]
 #: the XCom (of the deferred task instance) where the trigger checkpoints its log cursor
 LOG_CURSOR_XCOM_KEY = "shipyard_log_cursor"
 
-# how long the trigger waits for the last log lines after the app ended
-_LOG_DRAIN_TIMEOUT = 30.0
 #: what the status poller puts in a log stream's queue when the app has a new status
 _WAKE: Any = object()
 
@@ -136,7 +134,7 @@ class ShipyardJobTrigger(BaseTrigger):
                 if kind is None:
                     continue
                 if stream is not None and status.state.name in TERMINAL_STATES:
-                    await stream.finish(_LOG_DRAIN_TIMEOUT)
+                    await stream.finish(DRAIN_TIMEOUT)
                 message = f"app {self.app_handle} is {status.state.name}"
                 yield self._event(kind, status.state.name, message, stream)
                 return

@@ -23,10 +23,12 @@ from core.specs import AppHandle
 
 log = logging.getLogger(__name__)
 
-__all__ = ["END", "LogCursor", "LogFollower", "lines_after"]
+__all__ = ["DRAIN_TIMEOUT", "END", "LogCursor", "LogFollower", "lines_after"]
 
 #: what a :class:`LogFollower` delivers after its last line
 END: Any = object()
+#: how long a waiter gives a follower to deliver the last lines of an app that ended
+DRAIN_TIMEOUT = 30.0
 
 
 class LogCursor:

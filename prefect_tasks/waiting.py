@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from core.follow import END, LogFollower
+from core.follow import DRAIN_TIMEOUT, END, LogFollower
 from core.polling import status_poller
 from core.runner import Runner
 from core.specs import AppHandle, AppStatus
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 #: timeout in a worker thread) or a set cancel event is noticed
 _NAP = 0.2
 #: how long a finished job's log forwarder gets to deliver its last lines
-LOG_DRAIN_TIMEOUT = 30.0
+LOG_DRAIN_TIMEOUT = DRAIN_TIMEOUT
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,8 +301,8 @@ def wait_sync(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     cancel_on_timeout: bool = True,
 ) -> AppStatus | None:
-    """Follows ``handle`` (through :func:`core.polling.status_poller`) until it is final; returns its status (None if
-    the app is unknown).
+    """Follows ``handle`` (through :func:`core.polling.status_poller`) until it is final;
+    returns its status (None if the app is unknown).
 
     Interrupted (see :func:`is_interrupt`) or told to stop by ``watch``, it cancels the job and
     raises. Transient errors reading the status are retried (logged) within the retry budget of
@@ -345,7 +345,8 @@ async def wait_async(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     cancel_on_timeout: bool = True,
 ) -> AppStatus | None:
-    """:func:`wait_sync` for async code: blocking calls run in threads.
+    """:func:`wait_sync` for async code: it awaits the poller on the event loop (the flow
+    run's API check runs in a thread).
 
     Cancellation of the awaiting task (a Prefect timeout, a cancelled flow) cancels the job.
     """
