@@ -138,7 +138,7 @@ def test_oom_killed_component_is_named_with_its_peak() -> None:
         ["7+0.batch", "batch", "OUT_OF_MEMORY", "12", "00:00.010", "9000K", ""],
         ["7+0.0", "python3", "OUT_OF_MEMORY", "12", "00:03.490", "524000K", ""],
     ]
-    usage = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))
+    usage = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))["7"]
     resp = DescribeAppResponse(
         app_id="7",
         state=AppState.FAILED,

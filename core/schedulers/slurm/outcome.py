@@ -121,12 +121,15 @@ def _seconds(text: str) -> float | None:
         return None
 
 
-def parse_usage(out: str) -> dict[str, tuple[ResourceUsage, str]]:
-    """``sacct -P --delimiter=SEP -o USAGE_FIELDS`` rows as each component's usage and the
-    state of its step, keyed by component name (``role-k``)."""
+Usage = dict[str, tuple[ResourceUsage, str]]
+
+
+def parse_usage(out: str) -> dict[str, Usage]:
+    """``sacct -P --delimiter=SEP -o USAGE_FIELDS`` rows as each job's components' usage and
+    the state of their steps: ``{job id: {component name (role-k): (usage, state)}}``."""
     names: dict[str, str] = {}  # allocation id -> component name
     req: dict[str, int | None] = {}
-    found: dict[str, tuple[ResourceUsage, str]] = {}
+    found: dict[str, Usage] = {}
     for line in out.splitlines():
         parts = line.split(SEP)
         if len(parts) < len(USAGE_FIELDS):
@@ -145,24 +148,27 @@ def parse_usage(out: str) -> dict[str, tuple[ResourceUsage, str]]:
             requested_memory=req.get(alloc),
         )
         usage.oom_killed = slurm_state(state) == "OUT_OF_MEMORY"
-        found[names[alloc]] = (usage, slurm_state(state))
+        job = alloc.split("+", 1)[0]  # (a heterogeneous job's components are <id>+<n>)
+        found.setdefault(job, {})[names[alloc]] = (usage, slurm_state(state))
     return found
 
 
-def fetch_usage(client: SlurmClient, job_id: str) -> dict[str, tuple[ResourceUsage, str]] | None:
-    """The usage of an ended job's components from accounting (None: not available)."""
+def fetch_usage(client: SlurmClient, job_ids: list[str]) -> dict[str, Usage] | None:
+    """The usage of ended jobs' components from accounting, in one call, by job id (None:
+    not available)."""
     if not isinstance(client, CommandClient):
         return None
-    argv = ["sacct", "-n", "-P", f"--delimiter={SEP}", "-j", job_id, "-o", ",".join(USAGE_FIELDS)]
+    ids = ",".join(job_ids)
+    argv = ["sacct", "-n", "-P", f"--delimiter={SEP}", "-j", ids, "-o", ",".join(USAGE_FIELDS)]
     try:
         p = client.shell.run(argv)
     except TransportError as e:
-        log.debug("sacct usage of %s: %s", job_id, e)
+        log.debug("sacct usage of %s: %s", ids, e)
         return None
     return parse_usage(p.stdout) if p.returncode == 0 else None
 
 
-def apply_usage(resp: DescribeAppResponse, usage: dict[str, tuple[ResourceUsage, str]]) -> None:
+def apply_usage(resp: DescribeAppResponse, usage: Usage) -> None:
     """Puts each component's usage on its replica; an OOM-killed one's message says so."""
     ooms = []
     for rs in resp.roles_statuses:
@@ -182,7 +188,7 @@ def apply_usage(resp: DescribeAppResponse, usage: dict[str, tuple[ResourceUsage,
         resp.msg = "; ".join([*ooms, resp.msg])
 
 
-def complete(resp: DescribeAppResponse, usage: dict[str, tuple[ResourceUsage, str]]) -> bool:
+def complete(resp: DescribeAppResponse, usage: Usage) -> bool:
     """True if accounting has every replica's ended step (the usage will not change)."""
     return is_terminal(resp.state) and all(
         f"{rs.role}-{r.id}" in usage for rs in resp.roles_statuses for r in rs.replicas

@@ -432,34 +432,37 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
     def describe(self, app_id: str) -> DescribeAppResponse | None:
         """The job's state, restarts and per-replica states, exit codes and nodes (None if
         Slurm does not know ``app_id``). One controller call while the controller knows it."""
-        info = self._job_infos([app_id]).get(app_id)
-        return self._with_usage(to_response(info, app_id)) if info else None
+        return self.describe_many([app_id])[app_id]
 
     def describe_many(self, app_ids: Iterable[str]) -> dict[str, DescribeAppResponse | None]:
         """Describes several jobs with one controller call per cluster (and at most one
         accounting call)."""
         ids = list(app_ids)
         infos = self._job_infos(ids)
-        return {
-            a: (self._with_usage(to_response(infos[a], a)) if a in infos else None) for a in ids
-        }
+        out = {a: (to_response(infos[a], a) if a in infos else None) for a in ids}
+        self._add_usage([r for r in out.values() if r is not None])
+        return out
 
-    def _with_usage(self, resp: DescribeAppResponse) -> DescribeAppResponse:
-        """``resp`` with each replica's usage from accounting, once the job ended (asked of
-        accounting until it has every replica's step, then remembered)."""
-        if not is_terminal(resp.state):
-            return resp
-        usage = self._usage.get(resp.app_id)
-        if usage is None:
+    def _add_usage(self, responses: list[DescribeAppResponse]) -> None:
+        """Each ended job's replica usage from accounting: one ``sacct`` per cluster for the
+        jobs whose usage is not complete yet (then remembered)."""
+        ended = [r for r in responses if is_terminal(r.state)]
+        asking: dict[str | None, list[str]] = {}
+        for resp in ended:
             parts = _split(resp.app_id)
-            found = None if parts is None else outcome.fetch_usage(self.client(parts[0]), parts[1])
-            if found is None:
-                return resp
-            usage = found
+            if resp.app_id not in self._usage and parts is not None:
+                asking.setdefault(parts[0], []).append(parts[1])
+        fetched: dict[str, outcome.Usage] = {}
+        for cluster, job_ids in asking.items():
+            found = outcome.fetch_usage(self.client(cluster), job_ids) or {}
+            fetched.update({_join(cluster, j): u for j, u in found.items()})
+        for resp in ended:
+            usage = self._usage.get(resp.app_id) or fetched.get(resp.app_id)
+            if usage is None:
+                continue
             if outcome.complete(resp, usage):
                 self._usage[resp.app_id] = usage
-        outcome.apply_usage(resp, usage)
-        return resp
+            outcome.apply_usage(resp, usage)
 
     def read_results(self, app_id: str) -> list[ReplicaResult]:
         """The replicas' results, from the job's result directory on the cluster."""
