@@ -267,7 +267,8 @@ def test_slurm_script_passes_every_value_to_srun_verbatim(
     for k, comp in enumerate(comps):
         _check_component(comp, srun_env, role, k, tmp_path)
     assert not Path("/tmp/sy-canary").exists()
-    made = {"srun.argv", "srun.argv.env", "exec.argv", "exec.argv.env"}
+    # (and the job's result directory, which the script makes for $SHIPYARD_RESULT_FILE)
+    made = {"srun.argv", "srun.argv.env", "exec.argv", "exec.argv.env", "shipyard-results-4242"}
     assert {p.name for p in tmp_path.iterdir()} <= made, "files created"
 
 
