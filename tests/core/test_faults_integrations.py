@@ -3,8 +3,9 @@ while the submission is in flight (the job is queued but its id has not come bac
 the job is pending, and while it runs. Whatever the phase, no job is left queued or running.
 
 The phases are made deterministic with a thin ``sbatch`` wrapper put first on ``PATH``: it runs
-the real ``sbatch`` (a real job is queued on the real cluster), optionally with ``--hold`` (the
-job stays PENDING), and can hold back its answer until the test releases it. Also here, because
+the real ``sbatch`` (a real job is queued on the real cluster), optionally with a start time an
+hour away (the job stays PENDING; a hold would not do, since a keyed submission releases its own
+job), and can hold back its answer until the test releases it. Also here, because
 it shares the Prefect server: concurrent Prefect waits share their Slurm polls.
 
 (The Airflow and Prefect packages' own tests cover these on the local scheduler, while running.)
@@ -70,7 +71,7 @@ echo "$out"
         self._monkeypatch = monkeypatch
 
     def configure(self, phase: str) -> None:
-        self._monkeypatch.setenv("SHIM_SBATCH_ARGS", "--hold" if phase == "pending" else "")
+        self._monkeypatch.setenv("SHIM_SBATCH_ARGS", "--begin=now+3600" if phase == "pending" else "")
         if phase != "submitting":
             self.release.touch()
 

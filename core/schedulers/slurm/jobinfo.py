@@ -158,15 +158,25 @@ def add_controller_row(
         info.reason = "" if row["reason"] in ("None", "(null)") else row["reason"]
         info.workdir = row["workdir"]
         info.comment = "" if row["comment"] == "(null)" else row["comment"]
-    terminal = is_terminal(app_state(state))
     info.components[off] = Component(
         offset=off,
         name=row["name"],
         state=state,
         nodes=row["nodes"],
-        # DerivedEC: the highest exit code of the component's steps; none if it never ran
-        exit_code=wait_status_code(row["derived"]) if terminal and row["nodes"] else None,
+        exit_code=_controller_exit_code(state, row),
     )
+
+
+def _controller_exit_code(state: str, row: dict[str, str]) -> int | None:
+    """A component's exit code as the controller knows it; none if it never ran or while it
+    runs. DerivedEC is the highest exit code of the component's steps in *every* attempt of a
+    requeued job: a completed job's last attempt exited 0 everywhere, but for a failed one it is
+    only the best guess the controller has (accounting has each attempt's own)."""
+    if not is_terminal(app_state(state)) or not row["nodes"]:
+        return None
+    if state == "COMPLETED" and row["restarts"] not in ("", "0"):
+        return 0
+    return wait_status_code(row["derived"])
 
 
 def parse_squeue(out: str) -> dict[str, JobInfo]:

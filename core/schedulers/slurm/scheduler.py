@@ -690,7 +690,8 @@ def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
                 not is_terminal(app_state(info.state))
                 or set(info.components) != set(found[a].components)
             ):
-                continue  # accounting lags behind the controller: keep its answer
+                _await_accounting(found[a])  # accounting lags behind the controller
+                continue
             if a in found:
                 info.restarts = max(info.restarts, found[a].restarts)
                 _fill_exit_codes(info, found[a])
@@ -704,6 +705,14 @@ def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
                 f" answer ({controller_error}) and accounting does not know them"
             )
     return found
+
+
+def _await_accounting(controller: JobInfo) -> None:
+    """A requeued job that failed, while accounting lags: only accounting tells which replica
+    failed in the last attempt, so the job is reported still ending until it does."""
+    if controller.restarts > 0 and controller.state not in ("COMPLETED", "CANCELLED"):
+        controller.reason = f"{controller.state}; waiting for accounting of its last attempt"
+        controller.state = "COMPLETING"
 
 
 def _fill_exit_codes(acct: JobInfo, controller: JobInfo) -> None:
