@@ -71,7 +71,9 @@ echo "$out"
         self._monkeypatch = monkeypatch
 
     def configure(self, phase: str) -> None:
-        self._monkeypatch.setenv("SHIM_SBATCH_ARGS", "--begin=now+3600" if phase == "pending" else "")
+        self._monkeypatch.setenv(
+            "SHIM_SBATCH_ARGS", "--begin=now+3600" if phase == "pending" else ""
+        )
         if phase != "submitting":
             self.release.touch()
 
