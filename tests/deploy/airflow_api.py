@@ -188,6 +188,10 @@ class Run:
     def xcom(self, task_id: str, key: str = "return_value") -> Any:
         return self.api.get(f"{self.path}/taskInstances/{task_id}/xcomEntries/{key}")["value"]
 
+    def links(self, task_id: str) -> dict[str, str | None]:
+        """The task's extra links, by name, as the UI gets them."""
+        return self.api.get(f"{self.path}/taskInstances/{task_id}/links")["extra_links"]  # type: ignore[no-any-return]
+
     def mark(self, task_id: str, state: str) -> None:
         """Sets the task instance's state, as a user does in the UI."""
         self.api.request("PATCH", f"{self.path}/taskInstances/{task_id}", json={"new_state": state})

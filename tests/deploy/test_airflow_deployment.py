@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from core.specs import parse_app_handle
 from tests.deploy.airflow_api import (
     AirflowAPI,
     Run,
@@ -268,6 +269,9 @@ def test_failing_job_fails_the_task_with_its_exit_code(
     assert failed, log[-3000:]
     k = int(failed.group(1))
     assert run.job_lines("job", f"job/{k} ", try_number) == [f"job/{k} about to fail"]
+    # the task's "Shipyard job" link names its job (the DAG's ui_url template)
+    app_id = parse_app_handle(job_handle(run)).app_id
+    assert run.links("job") == {"Shipyard job": f"https://dashboard.invalid/local_cwd/{app_id}"}
 
 
 def test_marking_a_running_task_failed_cancels_its_job(

@@ -27,6 +27,8 @@ APP = {
     ],
 }
 PARAMS = {"name": "deploy", "script": "echo hello from ${replica_id}"}
+# the task's "Shipyard job" extra link (a dashboard no test opens)
+UI_URL = "https://dashboard.invalid/{scheduler}/{app_id}"
 
 with DAG(
     dag_id="shipyard_deploy_deferrable",
@@ -42,6 +44,7 @@ with DAG(
         scheduler="local_cwd",
         deferrable=True,
         poll_interval=0.5,
+        ui_url=UI_URL,
         execution_timeout=timedelta(minutes=10),
     )
 
@@ -58,6 +61,7 @@ with DAG(
         app=APP,
         scheduler="local_cwd",
         poll_interval=0.5,
+        ui_url=UI_URL,
         retries=1,
         retry_delay=timedelta(seconds=1),
         execution_timeout=timedelta(minutes=10),
