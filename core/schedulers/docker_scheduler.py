@@ -3,6 +3,7 @@ lives in the package :mod:`core.schedulers.docker`)."""
 
 from core.schedulers.docker import (
     DockerContainer,
+    DockerEngine,
     DockerJob,
     DockerOpts,
     DockerScheduler,
@@ -26,6 +27,7 @@ __all__ = [
     "RANK0_ENV",
     "TOMBSTONE_PREFIX",
     "DockerContainer",
+    "DockerEngine",
     "DockerJob",
     "DockerOpts",
     "DockerScheduler",

@@ -114,7 +114,8 @@ def test_preflight_reports_every_problem_at_once(sched: DockerScheduler) -> None
             Role("b", image=IMAGE, entrypoint="true"),
         ],
     )
-    problems = _runner(sched).preflight(app, "local_docker")
+    # (pull=never: the default, missing, would ask Docker's default registry, out of reach here)
+    problems = _runner(sched).preflight(app, "local_docker", {"pull": "never"})
     assert [p.field for p in problems] == [
         "roles[0].image",
         "roles[0].mounts[0].src",

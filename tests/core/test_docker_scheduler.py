@@ -239,7 +239,9 @@ def test_dryrun_single_container_uses_default_network() -> None:
 
 def test_run_opts_match_the_spec() -> None:
     opts = DockerScheduler("x").run_opts()
-    assert {"copy_env", "env", "image_repo", "quiet"} <= {k for k, _ in opts}
+    assert {"copy_env", "env", "image_repo", "quiet", "pull"} <= {k for k, _ in opts}
+    pull = opts.get("pull")
+    assert pull is not None and pull.default == "missing"
     assert "comma or semicolon" in str(opts)
 
 
@@ -254,6 +256,7 @@ def test_run_opts_match_the_spec() -> None:
         ({"image_repo": "Bad Repo"}, r"cfg\.image_repo"),
         ({"image_repo": "127.0.0.1:5000/x:tag"}, r"cfg\.image_repo"),
         ({"stop_timeout": -1}, r"cfg\.stop_timeout"),
+        ({"pull": "sometimes"}, r"cfg\.pull: expected one of missing, always, never"),
     ],
 )
 def test_bad_cfg_is_rejected_naming_the_field(cfg: dict[str, Any], match: str) -> None:
@@ -643,13 +646,14 @@ def test_missing_image_fails_before_anything_starts(
             Role("bad", image="shipyard-test/does-not-exist:1", entrypoint="true"),
         ],
     )
-    with pytest.raises(ValueError, match=r"roles\[1\]\.image: .*not present.*never pulls"):
-        sched.submit(app, {})
+    # (pull=never: the default, missing, would ask Docker's default registry, out of reach here)
+    with pytest.raises(ValueError, match=r"roles\[1\]\.image: .*not present.*pull=never"):
+        sched.submit(app, {"pull": "never"})
     alone = AppDef(
         "noimg", [Role("bad", image="shipyard-test/does-not-exist:1", entrypoint="true")]
     )
-    with pytest.raises(ValueError, match=r"roles\[0\]\.image: .*not present.*never pulls"):
-        sched.submit(alone, {})
+    with pytest.raises(ValueError, match=r"roles\[0\]\.image: .*not present.*pull=never"):
+        sched.submit(alone, {"pull": "never"})
     assert sched.list() == []
     assert session_networks(docker_client, sched) == []
 

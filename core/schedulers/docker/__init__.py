@@ -13,6 +13,10 @@ state. Where each concern lives:
   (``DockerJob``, ``DockerContainer``), container state → replica state.
 - :mod:`~core.schedulers.docker.request`: run options (``DockerOpts``), validation, and the
   dry run that builds one container request per replica.
+- :mod:`~core.schedulers.docker.engine`: the engine to reach (the environment's, as Docker's
+  tools, or a :class:`DockerEngine`: URL, TLS, registry login) and its client.
+- :mod:`~core.schedulers.docker.images`: the ``pull`` policy (missing, always, never) applied
+  before anything is created, and its pre-flight view.
 - :mod:`~core.schedulers.docker.submit`: the idempotency-key claim (a volume named after the
   key: the engine makes it once), creating and starting the containers all or nothing,
   stopping and removing them.
@@ -27,12 +31,14 @@ state. Where each concern lives:
 The docker SDK is imported lazily (on first use): importing the package stays cheap.
 """
 
+from core.schedulers.docker.engine import DockerEngine
 from core.schedulers.docker.model import DockerContainer, DockerJob
 from core.schedulers.docker.request import DockerOpts
 from core.schedulers.docker.scheduler import DockerScheduler, create_scheduler, has_docker
 
 __all__ = [
     "DockerContainer",
+    "DockerEngine",
     "DockerJob",
     "DockerOpts",
     "DockerScheduler",

@@ -87,15 +87,18 @@ class DockerContainer:
 
 @dataclass
 class DockerJob:
-    """The request :meth:`DockerScheduler.schedule` submits: the app id and its containers."""
+    """The request :meth:`DockerScheduler.schedule` submits: the app id, its containers, and
+    when their images are pulled (``missing``, ``always`` or ``never``)."""
 
     app_id: str
     containers: list[DockerContainer]
+    pull: str = "missing"
 
     def __str__(self) -> str:
         return json.dumps(
             {
                 "app_id": self.app_id,
+                "pull": self.pull,
                 "containers": [
                     {"image": c.image, "command": c.command, "kwargs": c.kwargs}
                     for c in self.containers

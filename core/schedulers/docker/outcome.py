@@ -7,8 +7,8 @@
   containers, from the copy :mod:`.retire` keeps in the app's tombstone archive.
 - OOM kills: a failed replica whose container the engine marks ``OOMKilled`` is named so
   ("killed: out of memory (peak X of Y requested)"); its peak is the memory limit it hit.
-- Pre-flight: every role's image on the engine (it never pulls), bind sources and devices
-  there, the engine reachable.
+- Pre-flight: every role's image on the engine or to be had from its registry (as the ``pull``
+  policy says; nothing is pulled), bind sources and devices there, the engine reachable.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from core.reports import MAX_RESULT_BYTES, Problem, ReplicaResult, oom_message, parse_result
 from core.schedulers.api import DescribeAppResponse
-from core.schedulers.docker import request
+from core.schedulers.docker import images, request
 from core.schedulers.docker.model import (
     LABEL_REPLICA_ID,
     LABEL_RESULT_FILE,
@@ -119,26 +119,18 @@ def apply_oom(api: Any, resp: DescribeAppResponse, containers: list[dict[str, An
         resp.msg = "; ".join([*ooms, *([] if resp.msg in ("", "<NONE>") else [resp.msg])])
 
 
-def preflight(api: Any, app: AppDef) -> list[Problem]:
-    """Every role's image present on the engine, its bind sources and devices there."""
-    from docker.errors import APIError, ImageNotFound
-
+def preflight(api: Any, app: AppDef, pull: str = request.DEFAULT_PULL) -> list[Problem]:
+    """Every role's image on the engine or, as ``pull`` says, to be had from its registry (with
+    the client's credentials; nothing is pulled), its bind sources and devices there."""
     problems = []
+    checked: set[str] = set()
     for i, role in enumerate(app.roles):
         where = f"roles[{i}]"
-        if role.image:
-            try:
-                api.inspect_image(role.image)
-            except ImageNotFound:
-                problems.append(
-                    Problem(
-                        f"{where}.image",
-                        f"image {role.image!r} is not present on the Docker engine; build or"
-                        " load it first (local_docker never pulls images)",
-                    )
-                )
-            except APIError as e:
-                problems.append(Problem(f"{where}.image", f"the engine rejects it: {e}"))
+        if role.image and role.image not in checked:
+            checked.add(role.image)
+            problem = images.preflight(api, role.image, pull, f"{where}.image")
+            if problem is not None:
+                problems.append(problem)
         for j, mount in enumerate(role.mounts):
             try:
                 request.check_mount(mount, f"{where}.mounts[{j}]")

@@ -62,6 +62,15 @@ from core.specs import (
 
 log = logging.getLogger(__name__)
 
+#: the values of the ``pull`` run option (as ``docker run --pull``)
+PULL_POLICIES = ("missing", "always", "never")
+DEFAULT_PULL = "missing"
+PULL_HELP = (
+    "when to pull the roles' images, as docker run --pull: missing (those the engine lacks),"
+    " always (at every submit), never (they must be on the engine). Pulls use the Docker"
+    " client's registry login (docker login, or the Airflow connection's or Prefect block's)"
+)
+
 
 class DockerOpts(TypedDict, total=False):
     """The run options of ``local_docker`` (see :func:`run_opts`)."""
@@ -73,6 +82,7 @@ class DockerOpts(TypedDict, total=False):
     stop_timeout: int
     retention: int
     result_replicas: str
+    pull: str
 
 
 # docker distribution's reference grammar (simplified): [registry[:port]/]path[:tag][@digest]
@@ -133,7 +143,13 @@ def run_opts() -> runopts:
         " app's record volume (log_iter still reads them) and the containers are removed",
     )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
+    opts.add("pull", type_=str, default=DEFAULT_PULL, help=PULL_HELP)
     return opts
+
+
+def is_image_id(ref: str) -> bool:
+    """Whether ``ref`` is an image id (``sha256:...`` or hex), which no registry serves."""
+    return bool(_IMAGE_ID_RE.match(ref))
 
 
 def match_image_ref(ref: str) -> re.Match[str] | None:
@@ -177,10 +193,24 @@ def _validate_cfg(cfg: Mapping[str, CfgVal]) -> None:
                 f" 127.0.0.1:5000/shipyard, got {repo!r}"
             )
     result_replicas(cfg.get(RESULT_REPLICAS_OPT))
+    check_pull_policy(cfg.get("pull"))
     for name in ("stop_timeout", "retention"):
         value = cfg.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"cfg.{name}: expected seconds >= 0, got {value!r}")
+
+
+def check_pull_policy(value: object) -> str:
+    """The pull policy ``value`` names (None: the default).
+
+    Raises:
+        ValueError: naming ``cfg.pull`` when it is not one of :data:`PULL_POLICIES`.
+    """
+    if value is None:
+        return DEFAULT_PULL
+    if value not in PULL_POLICIES:
+        raise ValueError(f"cfg.pull: expected one of {', '.join(PULL_POLICIES)}, got {value!r}")
+    return str(value)
 
 
 def _validate_role(role: Role, where: str) -> None:
@@ -193,7 +223,7 @@ def _validate_role(role: Role, where: str) -> None:
         raise ValueError(
             f"{where}.image: the repository name must be at most 255 characters, got {len(name)}"
         )
-    if not (match_image_ref(role.image) or _IMAGE_ID_RE.match(role.image)):
+    if not (match_image_ref(role.image) or is_image_id(role.image)):
         raise ValueError(
             f"{where}.image: not a valid Docker image reference (lower-case"
             f" [registry/]name[:tag][@digest]), got {role.image!r}"
@@ -276,7 +306,7 @@ def build_job(app: AppDef, cfg: Mapping[str, CfgVal], session_name: str) -> Dock
             }
             command = [replica_role.entrypoint, *replica_role.args]
             containers.append(DockerContainer(image=role.image, command=command, kwargs=kwargs))
-    return DockerJob(app_id, containers)
+    return DockerJob(app_id, containers, pull=check_pull_policy(cfg.get("pull")))
 
 
 def _base_env(cfg: Mapping[str, CfgVal]) -> dict[str, str]:

@@ -21,7 +21,8 @@ from core.schedulers.api import (
     check_stream,
     filter_regex,
 )
-from core.schedulers.docker import logs, outcome, request, retire, state, submit
+from core.schedulers.docker import images, logs, outcome, request, retire, state, submit
+from core.schedulers.docker.engine import DockerEngine, connect
 from core.schedulers.docker.model import (
     BACKEND,
     LABEL_APP_ID,
@@ -49,15 +50,25 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
     its role's ``max_retries``). ``describe`` gives the app's state and every replica's status
     but not the complete original AppDef. Workspaces are overlaid on the role's image (see
     :meth:`build_workspace_image`); with ``image_repo`` the patched image is pushed there.
+    Images are pulled as the run option ``pull`` says, and pushes and pulls use the client's
+    registry login.
 
     Args:
         session_name: the session apps are submitted under
-        docker_client: a ``docker.DockerClient`` to use (default: ``docker.from_env()``)
+        docker_client: a ``docker.DockerClient`` to use (it is closed with the scheduler)
+        docker_engine: else the engine and registry login to connect to (default: the
+            environment's, as Docker's own tools; see :mod:`core.schedulers.docker.engine`)
     """
 
-    def __init__(self, session_name: str, docker_client: Any | None = None) -> None:
+    def __init__(
+        self,
+        session_name: str,
+        docker_client: Any | None = None,
+        docker_engine: DockerEngine | None = None,
+    ) -> None:
         super().__init__(BACKEND, session_name)
         self.__client = docker_client
+        self._engine = docker_engine
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._janitor = retire.Janitor(lambda: self._api, self._executor)
@@ -70,9 +81,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         if self.__client is None:
             with self._lock:
                 if self.__client is None:
-                    import docker
-
-                    self.__client = docker.from_env(max_pool_size=_MAX_WORKERS * 2)
+                    self.__client = connect(self._engine, max_pool_size=_MAX_WORKERS * 2)
         return self.__client
 
     @property
@@ -114,15 +123,17 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
     def schedule(self, dryrun_info: AppDryRunInfo[DockerJob]) -> str:
         """Creates the app's network and containers and starts them; returns the app id.
 
-        With an idempotency key the key is claimed first (see :func:`submit.claim`); if another
-        submission holds it, nothing is created and that submission's app id is returned. The
-        images must be present on the engine (they are never pulled). If anything fails, every
-        container and the network created so far are removed before the error is raised.
+        Workspace images are pushed to ``image_repo`` and the roles' images pulled as the
+        job's ``pull`` policy says, before anything is created: a failed pull is a ValueError
+        naming the role, the image and the registry's answer. With an idempotency key the key
+        is then claimed (see :func:`submit.claim`); if another submission holds it, nothing is
+        created and that submission's app id is returned. If anything fails, every container
+        and the network created so far are removed before the error is raised.
         """
         job, app = dryrun_info.request, dryrun_info.app
         api, pool = self._api, self._executor()
         self.push_images(dryrun_info._images_to_push)
-        submit.check_images(api, pool, job, app)
+        images.ensure(api, pool, job, app)
         deadline = submit.submit_deadline(job)
         for c in job.containers:
             c.kwargs["labels"][LABEL_DEADLINE] = repr(deadline)  # type: ignore[index]
@@ -191,12 +202,18 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         return [r for r in found if r.replica_id == 0 or r.present]  # (the archive kept those)
 
     def preflight(self, dryrun_info: AppDryRunInfo[DockerJob]) -> builtins.list[Problem]:
-        """Images present on the engine (never pulled), bind sources and devices there."""
+        """Images present on the engine or, as the ``pull`` option says, to be had from their
+        registries (asked with the client's credentials; nothing is pulled), bind sources and
+        devices there."""
         app = dryrun_info.app
         if app is None:
             return []
         try:
-            return outcome.preflight(self._api, app)
+            pull = request.check_pull_policy((dryrun_info.cfg or {}).get("pull"))
+        except ValueError:
+            pull = request.DEFAULT_PULL  # (the dry run reports it)
+        try:
+            return outcome.preflight(self._api, app, pull)
         except Exception as e:  # (the engine cannot be reached)
             return [Problem("scheduler", f"the Docker engine cannot be reached: {e}")]
 
@@ -363,19 +380,25 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
 def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:
     """Creates a :class:`DockerScheduler` (``local_docker``) for ``session_name``.
 
-    Keyword arguments: ``docker_client`` (a ``docker.DockerClient``); others are ignored.
+    Keyword arguments: ``docker_client`` (a ``docker.DockerClient``) or ``docker_engine`` (a
+    :class:`~core.schedulers.docker.engine.DockerEngine`: the engine and registry login to
+    connect to); others are ignored.
     """
-    return DockerScheduler(session_name, docker_client=kwargs.get("docker_client"))
+    return DockerScheduler(
+        session_name,
+        docker_client=kwargs.get("docker_client"),
+        docker_engine=kwargs.get("docker_engine"),
+    )
 
 
 def has_docker() -> bool:
     """True if the docker SDK is installed and a Docker engine answers."""
     try:
-        import docker
+        import docker  # noqa: F401
     except ImportError:
         return False
     try:
-        client = docker.from_env(timeout=5)
+        client = connect(timeout=5)
         try:
             client.ping()
         finally:

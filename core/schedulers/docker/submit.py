@@ -134,21 +134,19 @@ def start_job(
                 driver="bridge",
                 labels={LABEL_VERSION: "1", LABEL_SESSION: session, LABEL_APP_ID: job.app_id},
             )
-        for cid in _parallel(
+        for cid in parallel(
             pool, lambda c: api.create_container(**create_args(api, c))["Id"], job.containers
         ):
             created.append(cid)
         if time.time() > deadline:
             raise SubmitError(f"creating {len(created)} containers took past the submit deadline")
-        _parallel(pool, api.start, created)
+        parallel(pool, api.start, created)
     except BaseException as e:
         _remove_partial(api, job)
         raise _submit_error(job, e) from e
 
 
-def _parallel(
-    pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any]
-) -> list[Any]:
+def parallel(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
     """``fn`` over ``items`` on the pool (in this thread for one item); the results in order.
     Every call is waited for before the first error is raised."""
     items = list(items)
@@ -220,7 +218,7 @@ def stop_and_remove(api: Any, containers: list[dict[str, Any]], cancel: bool = T
     with ThreadPoolExecutor(
         max_workers=min(len(containers), 64), thread_name_prefix="shipyard-docker-stop"
     ) as pool:
-        _parallel(pool, lambda c: _stop_and_remove_one(api, c, cancel), containers)
+        parallel(pool, lambda c: _stop_and_remove_one(api, c, cancel), containers)
 
 
 def _stop_and_remove_one(api: Any, c: Mapping[str, Any], cancel: bool) -> None:
@@ -265,34 +263,3 @@ def remove_records(api: Any, app_id: str) -> None:
             api.remove_volume(vol["Name"], force=True)
         except NotFound:
             pass
-
-
-# -- images -------------------------------------------------------------------------------------
-
-
-def check_images(api: Any, pool: ThreadPoolExecutor, job: DockerJob, app: Any) -> None:
-    """Fails with a ValueError naming the role if an image is not on the engine (it never pulls)."""
-    from docker.errors import APIError, ImageNotFound
-
-    def check(image: str) -> None:
-        try:
-            api.inspect_image(image)
-        except ImageNotFound:
-            raise ValueError(
-                f"{_image_field(image, app)}: image {image!r} is not present on the Docker"
-                " engine; build or load it first (local_docker never pulls images)"
-            ) from None
-        except APIError as e:
-            raise ValueError(
-                f"{_image_field(image, app)}: the Docker engine rejects image {image!r}:"
-                f" {e.explanation or e}"
-            ) from None
-
-    _parallel(pool, check, dict.fromkeys(c.image for c in job.containers))
-
-
-def _image_field(image: str, app: Any) -> str:
-    for i, role in enumerate(app.roles if app is not None else []):
-        if role.image == image:
-            return f"roles[{i}].image"
-    return "image"
