@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from core.specs import AppDef, AppState, Role, parse_app_handle
 
 if TYPE_CHECKING:
+    from core.reports import AppResult
     from core.runner import Runner
     from core.specs import AppStatus
 
@@ -123,8 +124,33 @@ def _load_app(args: argparse.Namespace) -> AppDef:
     return _inline_app(args)
 
 
-def _print_status(handle: str, status: Any) -> None:
+def _print_status(handle: str, status: Any, result: AppResult | None = None) -> None:
     print(f"{handle}\n{status.format()}")
+    for r in result.replicas if result is not None else ():
+        if r.error:
+            print(f"Result error: {r.error}")
+        elif r.present:
+            print(f"Result {r.name}: {json.dumps(r.value)}")
+
+
+def _result(runner: Runner, handle: str) -> AppResult | None:
+    """What the app's replicas wrote to ``$SHIPYARD_RESULT_FILE``; None where the scheduler
+    collects no results."""
+    try:
+        return runner.result(handle)
+    except NotImplementedError:
+        return None
+
+
+def _cmd_check(runner: Runner, app: AppDef, scheduler: str, args: argparse.Namespace) -> int:
+    """``run --check``: every problem a submit would hit, nothing started; exit 2 if any."""
+    cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg) if args.cfg else {}
+    problems = runner.preflight(app, scheduler, cfg, args.workspace)
+    for p in problems:
+        print(f"{p.severity}: {p}".replace("\n", "; "))
+    errors = sum(p.is_error for p in problems)
+    print(f"{scheduler}: {errors} problem(s) found" if errors else f"{scheduler}: no problems")
+    return EXIT_USAGE if errors else EXIT_OK
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -138,6 +164,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 f"--scheduler: unknown scheduler {scheduler!r}; expected one of"
                 f" {', '.join(runner.scheduler_backends())}"
             )
+        if args.check:
+            return _cmd_check(runner, app, scheduler, args)
         cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg) if args.cfg else {}
         if args.dryrun:
             info = runner.dryrun(app, scheduler, cfg, args.workspace)
@@ -161,7 +189,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if status is None:
             print(f"{handle}: unknown to the scheduler", file=sys.stderr)
             return EXIT_APP_FAILED
-        _print_status(handle, status)
+        _print_status(handle, status, _result(runner, handle))
         return EXIT_OK if status.state == AppState.SUCCEEDED else EXIT_APP_FAILED
 
 
@@ -182,13 +210,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
     parse_app_handle(args.handle)
     with get_runner() as runner:
         status = runner.status(args.handle)
+        result = _result(runner, args.handle) if status is not None else None
     if status is None:
         print(f"{args.handle}: no such app", file=sys.stderr)
         return EXIT_APP_FAILED
     if args.json:
-        print(json.dumps({"app_handle": args.handle, **status.to_json()}, indent=2))
+        out = {"app_handle": args.handle, **status.to_json()}
+        out["result"] = result.to_json()["replicas"] if result is not None else None
+        print(json.dumps(out, indent=2))
     else:
-        _print_status(args.handle, status)
+        _print_status(args.handle, status, result)
     return EXIT_OK
 
 
@@ -359,6 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cfg", help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`)")
     run.add_argument("--workspace", help="directory to apply as the workspace")
     run.add_argument("--dryrun", action="store_true", help="print the request, submit nothing")
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="pre-flight: list every problem a submit would hit (each naming its field),"
+        " start nothing; exit 2 if there is one",
+    )
     run.add_argument(
         "--wait",
         action="store_true",

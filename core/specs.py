@@ -670,7 +670,8 @@ class AppStatus:
             for r in rs.replicas:
                 code = "" if r.exit_code is None else f" exit_code={r.exit_code}"
                 host = f" on {r.hostname}" if r.hostname else ""
-                lines.append(f"  {rs.role}/{r.id} {r.state.name}{code}{host}")
+                used = f" ({r.usage.format()})" if r.usage is not None else ""
+                lines.append(f"  {rs.role}/{r.id} {r.state.name}{code}{host}{used}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -305,3 +305,62 @@ def test_run_wait_exits_as_soon_as_the_app_ended(tmp_path: Path) -> None:
     # the exit flush of log collections used to wait out its whole 10 s timeout when the app
     # was the process's first submit (its launch was counted before the first-use reset)
     assert elapsed < 8, elapsed
+
+
+RESULT_APP = """
+name: cli-result
+roles:
+  - name: train
+    entrypoint: python3
+    args:
+      - "-c"
+      - "import json, os; json.dump({'loss': 0.25}, open(os.environ['SHIPYARD_RESULT_FILE'], 'w'))"
+  - name: broken
+    entrypoint: sh
+    args: ["-c", "echo '{not json' > $SHIPYARD_RESULT_FILE"]
+"""
+
+
+def test_results_and_usage_through_run_wait_and_status(tmp_path: Path) -> None:
+    (tmp_path / "app.yaml").write_text(RESULT_APP)
+    r = sh("run", "--wait", "--progress", "none", "app.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    handle = r.stdout.splitlines()[0]
+    assert 'Result train/0: {"loss": 0.25}' in r.stdout.splitlines()
+    assert any(
+        line.startswith("Result error: broken/0: result file is not valid JSON")
+        for line in r.stdout.splitlines()
+    ), r.stdout
+    # each replica's line has what it used (wall and CPU time, peak memory)
+    train = next(line for line in r.stdout.splitlines() if line.startswith("  train/0 "))
+    assert "wall " in train and "peak " in train, train
+
+    data = json.loads(sh("status", handle, "--json").stdout)
+    by_name = {f"{x['role']}/{x['replica_id']}": x for x in data["result"]}
+    assert by_name["train/0"]["value"] == {"loss": 0.25}
+    assert "not valid JSON" in by_name["broken/0"]["error"]
+    usage = data["roles"][0]["replicas"][0]["usage"]
+    assert usage["wall_time"] > 0 and usage["peak_memory"] > 0, usage
+
+
+def test_run_check_lists_every_problem_and_starts_nothing(tmp_path: Path) -> None:
+    (tmp_path / "app.yaml").write_text(
+        "name: cli-check\n"
+        "roles:\n"
+        "  - name: a\n    entrypoint: /nonexistent/train\n"
+        "  - name: b\n    entrypoint: sh\n    args: [-c, 'touch started']\n"
+        "    env: {CUDA_VISIBLE_DEVICES: ''}\n"
+        "  - name: c\n    entrypoint: no-such-command-anywhere\n"
+    )
+    r = sh("run", "--check", "app.yaml", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stdout.splitlines() if line.startswith("error: ")]
+    assert [e.split(":")[1].strip() for e in errors] == [
+        "roles[0].entrypoint",
+        "roles[2].entrypoint",
+    ], r.stdout
+    assert r.stdout.splitlines()[-1] == "local_cwd: 2 problem(s) found"
+    assert not (tmp_path / "started").exists()
+    ok = sh("run", "--check", "--", "sh", "-c", "touch started", cwd=tmp_path)
+    assert ok.returncode == 0 and ok.stdout.splitlines()[-1] == "local_cwd: no problems", ok
+    assert not (tmp_path / "started").exists()
