@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, ResumableJobMixin, conf
-from airflow.sdk.exceptions import AirflowException, TaskDeferralError
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferralError
 
 from airflow_provider._common import (
     ACTIVE_STATES,
@@ -38,6 +38,7 @@ from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_u
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import status_poller
+from core.reports import usage_summary
 from core.runner import AppFailedError, Runner
 from core.schedulers import get_default_scheduler_name
 from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
@@ -86,10 +87,16 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         ui_url: a URL template of the job's page in a dashboard (templated; default: the
             connection's extra ``ui_url``, then ``$SHIPYARD_UI_URL``), shown as the task's
             "Shipyard job" link; see :mod:`airflow_provider.links`
+        preflight: first check, without starting anything, every problem a submit would hit
+            (:meth:`core.runner.Runner.preflight`); any fails the task at once, without
+            retries, listing them all
 
     Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
-    and ``state`` (the app state's name). The task fails with the job's state, exit codes and
-    last log lines when the job does not succeed. Killing the task (marked failed,
+    and ``state`` (the app state's name). Once the job ended, also ``result`` (what replicas
+    wrote to ``$SHIPYARD_RESULT_FILE``: ``{role: {replica id: value}}``; an invalid one is a
+    warning in the log) and ``usage`` (``{"role/k": {wall_time, cpu_time, peak_memory, ...}}``,
+    also summed up in the log). The task fails with the job's state, exit codes and last log
+    lines when the job does not succeed. Killing the task (marked failed,
     ``execution_timeout``, ...) cancels the job.
     """
 
@@ -123,6 +130,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         session_name: str | None = None,
         shipyard_conn_id: str | None = None,
         ui_url: str | None = None,
+        preflight: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -146,6 +154,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self.session_name = session_name
         self.shipyard_conn_id = shipyard_conn_id
         self.ui_url = ui_url
+        self.preflight = preflight
         self._conn_settings: tuple[str | None, dict[str, Any]] | None = None
         self._handle: AppHandle | None = None
         self._submit_key: str | None = None
@@ -237,6 +246,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             len(app.roles),
             self._scheduler_name,
         )
+        if self.preflight:
+            self._check(app)
         if not self.wait_for_completion:
             handle = self.submit_job(context)
             with self._runner() as runner:
@@ -244,6 +255,21 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             self._push(context, handle, status)
             return handle
         return self.execute_resumable(context)
+
+    def _check(self, app: AppDef) -> None:
+        """Fails the task, without retries, if a pre-flight check finds a problem."""
+        with self._runner() as runner:
+            found = runner.preflight(app, self._scheduler_name, self._cfg(), self.workspace)
+        for p in found:
+            if not p.is_error:
+                self.log.info("pre-flight: %s", p)
+        errors = [str(p) for p in found if p.is_error]
+        if errors:
+            raise AirflowFailException(
+                f"pre-flight found {len(errors)} problem(s) on {self._scheduler_name}:\n"
+                + "\n".join(f"- {e}" for e in errors)
+            )
+        self.log.info("pre-flight on %s: no problems", self._scheduler_name)
 
     def _base_key(self, context: Context) -> str:
         ti = context["ti"]
@@ -479,12 +505,39 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self, runner: Runner, context: Context, handle: AppHandle, status: AppStatus | None
     ) -> AppHandle:
         self._push(context, handle, status)
+        if status is not None and status.is_terminal():
+            self._push_outcome(runner, context, handle, status)
         try:
             runner.check_succeeded(handle, status)
         except AppFailedError as e:
             raise ShipyardJobFailedError(e) from e
         self.log.info("%s SUCCEEDED", handle)
         return handle
+
+    def _push_outcome(
+        self, runner: Runner, context: Context, handle: AppHandle, status: AppStatus
+    ) -> None:
+        """The ended job's ``usage`` and ``result`` XComs, with a summary in the log."""
+        usage = {
+            f"{rs.role}/{r.id}": r.usage.to_json()
+            for rs in status.roles
+            for r in rs.replicas
+            if r.usage is not None
+        }
+        for line in usage_summary(status.roles):
+            self.log.info("usage: %s", line)
+        if usage:
+            context["ti"].xcom_push(key="usage", value=usage)
+        try:
+            result = runner.result(handle)
+        except NotImplementedError:
+            return
+        for error in result.errors:
+            self.log.warning("result: %s", error)
+        values = {
+            role: {str(k): v for k, v in by_id.items()} for role, by_id in result.values().items()
+        }
+        context["ti"].xcom_push(key="result", value=values)
 
 
 def _event_cursor(event: Mapping[str, Any]) -> LogCursor:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_provider._common import idempotency_key
 from airflow_provider.operators import ShipyardJobFailedError, ShipyardOperator
@@ -62,10 +62,61 @@ def test_runs_and_pushes_xcoms(runner: Any) -> None:
     )
     handle = op.execute(context(ti, StateStoreStub()))
     assert parse_app_handle(handle).scheduler_backend == "local_cwd"
-    assert ti.xcoms == {"app_id": parse_app_handle(handle).app_id, "state": "SUCCEEDED"}
+    usage = ti.xcoms.pop("usage")
+    assert ti.xcoms == {
+        "app_id": parse_app_handle(handle).app_id,
+        "state": "SUCCEEDED",
+        "result": {},  # no replica wrote one
+    }
+    assert sorted(usage) == ["hello/0", "hello/1"]
+    assert all(u["wall_time"] > 0 and u["peak_memory"] > 0 for u in usage.values()), usage
     assert runner.status(handle).state == AppState.SUCCEEDED
     # tagged with the task instance's key
     assert runner.find("local_cwd", key_of(ti)) == handle
+
+
+WRITE_RESULT = (
+    "import json, os, sys; r = int(os.environ['SHIPYARD_REPLICA_ID']);"
+    " open(os.environ['SHIPYARD_RESULT_FILE'], 'w').write("
+    "json.dumps({'rank': r}) if r == 0 else '{broken')"
+)
+
+
+def test_results_reach_xcom_and_bad_ones_the_log(capfd: pytest.CaptureFixture[str]) -> None:
+    ti = TaskInstanceStub()
+    app = AppDef(
+        "res", [Role("train", entrypoint="python3", args=["-c", WRITE_RESULT], num_replicas=2)]
+    )
+    op = ShipyardOperator(task_id="job", app=app, cfg={"result_replicas": "all"}, deferrable=False)
+    capfd.readouterr()
+    op.execute(context(ti, StateStoreStub()))
+    assert ti.xcoms["result"] == {"train": {"0": {"rank": 0}}}
+    log = capfd.readouterr().out  # the task log (Airflow's logger writes it to stdout here)
+    assert "result: train/1: result file is not valid JSON" in log, log
+    assert "usage: train/0: wall " in log and "usage: train/1: wall " in log, log
+
+
+def test_preflight_fails_fast_with_every_problem(runner: Any, tmp_path: Path) -> None:
+    ti = TaskInstanceStub()
+    app = AppDef(
+        "pre",
+        [
+            Role("a", entrypoint="/nonexistent/train"),
+            Role("b", entrypoint="sh", args=["-c", f"touch {tmp_path}/started"]),
+            Role("c", entrypoint="no-such-command-anywhere"),
+        ],
+    )
+    op = ShipyardOperator(task_id="job", app=app, preflight=True)
+    with pytest.raises(AirflowFailException) as info:
+        op.execute(context(ti, StateStoreStub()))
+    text = str(info.value)
+    assert text.startswith("pre-flight found 2 problem(s) on local_cwd:"), text
+    assert "- roles[0].entrypoint:" in text and "- roles[2].entrypoint:" in text, text
+    assert runner.find("local_cwd", key_of(ti)) is None
+    assert not (tmp_path / "started").exists()
+    # nothing wrong: the job runs
+    good = ShipyardOperator(task_id="job2", app=sh("pre-ok", "true"), preflight=True)
+    assert runner.status(good.execute(context(TaskInstanceStub()))).state == AppState.SUCCEEDED
 
 
 def test_job_failure_raises_with_state_exit_code_and_last_lines() -> None:

@@ -274,6 +274,17 @@ def test_failing_job_fails_the_task_with_its_exit_code(
     assert run.links("job") == {"Shipyard job": f"https://dashboard.invalid/local_cwd/{app_id}"}
 
 
+@pytest.mark.parametrize("dag_id", ["shipyard_deploy_deferrable", "shipyard_deploy_blocking"])
+def test_result_and_usage_reach_xcom(airflow_api: AirflowAPI, dag_id: str) -> None:
+    script = 'echo "{\\"replica\\": ${replica_id}}" > "$SHIPYARD_RESULT_FILE"'
+    run = airflow_api.trigger(dag_id, {"name": unique("result"), "script": script})
+    assert run.wait() == "success"
+    assert run.xcom("job", "result") == {"job": {"0": {"replica": 0}}}
+    usage = run.xcom("job", "usage")
+    assert sorted(usage) == ["job/0", "job/1"], usage
+    assert all(u["wall_time"] >= 0 and u["cpu_time"] >= 0 for u in usage.values()), usage
+
+
 def test_marking_a_running_task_failed_cancels_its_job(
     airflow_api: AirflowAPI, deploy_runner: Any, gate: Path
 ) -> None:
