@@ -87,3 +87,45 @@ def slurm_remote_problem() -> str | None:
         except OSError as e:
             return f"{what} does not answer on 127.0.0.1:{port} ({e})"
     return None
+
+
+#: where scripts/start_docker.sh keeps the TLS engine's client certificates (DOCKER_CERT_PATH
+#: layout) and the password of the registry that wants a login (user ``shipyard``)
+DOCKER_TLS_CLIENT_DIR = os.path.join(
+    os.environ.get("SHIPYARD_DOCKER_TLS_DIR", "/var/lib/shipyard-docker-tls"), "client"
+)
+REGISTRY_PASSWORD_FILE = os.path.join(
+    os.environ.get("SHIPYARD_REGISTRY_AUTH_DIR", "/var/lib/shipyard-registry-auth"), "password"
+)
+
+
+@cache
+def docker_secure_problem() -> str | None:
+    """None if the Docker engine answers, and so do its TLS listener (tcp://127.0.0.1:2376, with
+    the client certificates readable here) and the registry that wants a login
+    (127.0.0.1:5001, its password readable here); else why not."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    problem = docker_problem()
+    if problem:
+        return problem
+    for path in (REGISTRY_PASSWORD_FILE, *(
+        os.path.join(DOCKER_TLS_CLIENT_DIR, f) for f in ("ca.pem", "cert.pem", "key.pem")
+    )):  # fmt: skip
+        if not os.access(path, os.R_OK):
+            return f"{path} is missing or not readable"
+    try:
+        socket.create_connection(("127.0.0.1", 2376), timeout=3).close()
+    except OSError as e:
+        return f"the engine's TLS listener does not answer on 127.0.0.1:2376 ({e})"
+    try:
+        urllib.request.urlopen("http://127.0.0.1:5001/v2/", timeout=3).close()
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            return None
+        return f"the registry on 127.0.0.1:5001 answers {e.code}, not 401 (no authentication?)"
+    except OSError as e:
+        return f"no registry on 127.0.0.1:5001 ({e})"
+    return "the registry on 127.0.0.1:5001 does not ask for a login"
