@@ -18,20 +18,27 @@ pool (``job_variables``).
 * A job that fails or is cancelled outside Prefect marks its run Crashed or Cancelled; a run
   cancelled in Prefect has its job cancelled (:meth:`ShipyardWorker.kill_infrastructure`).
 * A worker that starts follows again the runs of its pool that carry its name and are not final.
-* The job's output goes to the worker's log, one record per line.
+* The job's output goes to the worker's log, one record per line, each line once: a
+  :class:`~core.follow.LogFollower` reads it once the job runs, and the position reached (a
+  :class:`~core.follow.LogCursor`) is checkpointed in a small file per flow run
+  (:class:`OutputCheckpoints`), so a worker restarted under its name resumes after the last line
+  it forwarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
+import os
 import re
 import shlex
 import sys
-import threading
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -47,6 +54,7 @@ from prefect.client.schemas.filters import (
     WorkPoolFilterName,
 )
 from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import InfrastructureNotFound
 from prefect.states import Cancelled, Crashed
 from prefect.workers.base import (
@@ -57,8 +65,10 @@ from prefect.workers.base import (
 )
 from pydantic import Field
 
-from core.runner import Runner
+from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
+from core.runner import LogLine, Runner
 from core.schedulers import get_scheduler_factories
+from core.schedulers.local.appdir import state_root
 from core.specs import (
     AppDef,
     AppHandle,
@@ -75,6 +85,8 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 __all__ = [
+    "JobOutput",
+    "OutputCheckpoints",
     "ShipyardJobConfiguration",
     "ShipyardVariables",
     "ShipyardWorker",
@@ -93,6 +105,10 @@ DEFAULT_POLL_INTERVAL = 2.0
 _BASE_COMMAND = "prefect flow-run execute"
 _ENGINE_COMMAND = "python -m prefect.engine"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+#: where workers keep their runs' output checkpoints, under Shipyard's state directory
+CHECKPOINT_DIR = "prefect-worker"
+#: flow runs per API page (the server's default limit)
+_PAGE = 200
 
 
 class ShipyardJobConfiguration(BaseJobConfiguration):
@@ -272,6 +288,227 @@ def exit_code(status: AppStatus | None) -> int:
     return 143 if status is not None and status.state == AppState.CANCELLED else 1
 
 
+def _make_private_dirs(path: Path) -> None:
+    """Creates ``path`` and its missing parents, each with mode 0700."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+
+
+class OutputCheckpoints:
+    """How much of each flow run's job output a worker forwarded: one small file per run.
+
+    ``<directory>/<flow run id>.json`` (mode 0600, in a 0700 directory) holds the job's app handle
+    and its :class:`~core.follow.LogCursor` (``{"app_handle": ..., "cursor": {"flow-run/0": n}}``).
+    It is replaced atomically after each batch of forwarded lines and removed once the job ended
+    and its last lines were forwarded. A worker's directory is
+    ``<Shipyard state dir>/prefect-worker/<worker name>`` (:meth:`for_worker`): the state
+    directory is ``$SHIPYARD_STATE_DIR``, else ``$XDG_STATE_HOME/shipyard``, else
+    ``~/.local/state/shipyard``, so a worker restarted under its name on the same host finds it.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+
+    @classmethod
+    def for_worker(cls, worker_name: str) -> OutputCheckpoints:
+        """The checkpoints of the worker named ``worker_name``."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", worker_name).strip("-.") or "worker"
+        return cls(Path(state_root()) / CHECKPOINT_DIR / safe)
+
+    def path(self, flow_run_id: uuid.UUID) -> Path:
+        """The file of one flow run."""
+        return self.directory / f"{flow_run_id}.json"
+
+    def load(self, flow_run_id: uuid.UUID, handle: AppHandle) -> LogCursor:
+        """The cursor saved for the run's job ``handle``; empty if there is none, or if it was
+        saved for another job of the run (an earlier attempt)."""
+        path = self.path(flow_run_id)
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or data.get("app_handle") != handle:
+                return LogCursor()
+            return LogCursor(data.get("cursor") or {})
+        except FileNotFoundError:
+            return LogCursor()
+        except (OSError, ValueError) as e:
+            log.warning("ignoring the output checkpoint %s: %s", path, e)
+            return LogCursor()
+
+    def save(self, flow_run_id: uuid.UUID, handle: AppHandle, cursor: LogCursor) -> None:
+        """Replaces the run's checkpoint (a reader sees the old one or the new one, whole).
+
+        Raises:
+            OSError: it cannot be written.
+        """
+        _make_private_dirs(self.directory)
+        path = self.path(flow_run_id)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        data = json.dumps({"app_handle": handle, "cursor": cursor.to_dict()})
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def remove(self, flow_run_id: uuid.UUID) -> None:
+        """Removes the run's checkpoint (if any)."""
+        self.path(flow_run_id).unlink(missing_ok=True)
+
+    def prune(self, keep: Collection[uuid.UUID]) -> list[str]:
+        """Removes the checkpoints of runs not in ``keep`` (runs that ended while no worker
+        followed them) and leftover temporary files; returns the names removed."""
+        wanted = {f"{run_id}.json" for run_id in keep}
+        try:
+            names = sorted(p.name for p in self.directory.iterdir())
+        except FileNotFoundError:
+            return []
+        removed = [n for n in names if n not in wanted]
+        for name in removed:
+            (self.directory / name).unlink(missing_ok=True)
+        return removed
+
+
+class JobOutput:
+    """Forwards one job's output to the worker's log (``run-name | role/k line``), each line once,
+    across restarts of the worker.
+
+    A :class:`~core.follow.LogFollower` (started by :meth:`start` once the job runs: a queued job
+    has no output yet, and following one costs status calls) hands the lines to the event loop,
+    which logs the ones the cursor accepts and checkpoints the cursor after each batch. The lines
+    of a batch are logged before the checkpoint is written: a worker killed in between logs that
+    batch again, never loses it. :meth:`finish`, once the job ended, adds whatever the follower
+    did not deliver (from the complete logs) and removes the checkpoint.
+    """
+
+    def __init__(
+        self,
+        handle: AppHandle,
+        flow_run_id: uuid.UUID,
+        prefix: str,
+        runner: Runner,
+        logger: logging.Logger,
+        checkpoints: OutputCheckpoints,
+    ) -> None:
+        self.handle = handle
+        self.flow_run_id = flow_run_id
+        self._prefix = prefix
+        self._runner = runner
+        self._log = logger
+        self._checkpoints = checkpoints
+        self.cursor = checkpoints.load(flow_run_id, handle)
+        self._saved = self.cursor.merged(None)
+        self._loop = asyncio.get_running_loop()
+        self._follower: LogFollower | None = None
+        self._ended = asyncio.Event()
+        self._flush_scheduled = False
+        self._broken = False
+        self._closed = False
+        self._finishing: asyncio.Future[None] | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether the follower was started."""
+        return self._follower is not None
+
+    def start(self) -> None:
+        """Starts following the job's output after the cursor (once)."""
+        if self._follower is not None or self._closed:
+            return
+        if self.cursor.total:
+            self._log.info(
+                "%s | resuming the output of %s after %d lines",
+                self._prefix,
+                self.handle,
+                self.cursor.total,
+            )
+        self._follower = LogFollower(
+            self.handle,
+            self._hand_over,
+            self.cursor.merged(None),
+            lambda: self._runner,
+            close_runner=False,
+        ).start()
+
+    def _hand_over(self, item: Any) -> None:  # in the follower's thread
+        try:
+            self._loop.call_soon_threadsafe(self._deliver, item)
+        except RuntimeError:  # the event loop is closed: the worker is gone
+            if self._follower is not None:
+                self._follower.stop()
+
+    def _deliver(self, item: Any) -> None:
+        if self._closed:
+            return
+        if item is END:
+            self._ended.set()
+            return
+        self._emit(*item)
+        if not self._flush_scheduled:  # after the other lines already handed over
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _emit(self, index: int, line: LogLine) -> None:
+        if self.cursor.accept(index, line):
+            self._log.info("%s | %s", self._prefix, line)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Saves the cursor, unless it is what was saved last. A failure to save is logged once,
+        and the output goes on without checkpoints."""
+        if self._closed or self._broken or self.cursor == self._saved:
+            return
+        try:
+            self._checkpoints.save(self.flow_run_id, self.handle, self.cursor)
+        except OSError as e:
+            self._broken = True
+            self._log.warning("cannot checkpoint the output of %s: %s", self.handle, e)
+            return
+        self._saved = self.cursor.merged(None)
+
+    async def finish(self, timeout: float = DRAIN_TIMEOUT) -> None:
+        """The job ended: forwards its last lines (the follower's, for up to ``timeout`` seconds,
+        then the rest from the complete logs) and removes the checkpoint."""
+        if self._finishing is None:
+            self._finishing = asyncio.ensure_future(self._finish(timeout))
+        await asyncio.shield(self._finishing)
+
+    async def _finish(self, timeout: float) -> None:
+        if self._follower is not None:
+            try:
+                await asyncio.wait_for(self._ended.wait(), timeout)
+            except TimeoutError:
+                self._log.warning("output of %s still streaming after %ss", self.handle, timeout)
+            self._follower.stop()
+        try:
+            missed = await anyio.to_thread.run_sync(
+                lines_after, self._runner, self.handle, self.cursor.merged(None)
+            )
+        except Exception as e:
+            self._log.warning("cannot read the output of %s: %s", self.handle, e)
+            missed = []
+        for index, line in missed:
+            self._emit(index, line)
+        self._closed = True
+        try:
+            self._checkpoints.remove(self.flow_run_id)
+        except OSError as e:
+            self._log.warning("cannot remove the output checkpoint of %s: %s", self.handle, e)
+
+    def stop(self) -> None:
+        """The worker stops: saves the cursor and stops following (the checkpoint stays, for
+        the next worker)."""
+        self.checkpoint()
+        self._closed = True
+        if self._follower is not None:
+            self._follower.stop()
+
+
 @dataclass
 class _Tracked:
     """A job the worker follows until it ends."""
@@ -281,7 +518,7 @@ class _Tracked:
     runner: Runner
     done: asyncio.Future[AppStatus | None]
     cancel_requested: bool = False
-    logs: threading.Thread | None = field(default=None, repr=False)
+    output: JobOutput | None = field(default=None, repr=False)
 
 
 class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, ShipyardWorkerResult]):
@@ -304,6 +541,10 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         self._intervals: dict[AppHandle, float] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._output_log = logging.getLogger(f"prefect.workers.shipyard.{self.name}")
+        #: where the output position of each followed run is kept
+        self.checkpoints = OutputCheckpoints.for_worker(self.name)
+        #: polls of the followed jobs so far
+        self.polls = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -314,7 +555,11 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         self._spawn(self._adopt_runs())
 
     async def teardown(self, *exc_info: Any) -> None:
-        """Stops following (the jobs keep running: a restarted worker finds them again)."""
+        """Stops following (the jobs keep running: a restarted worker finds them again, and
+        forwards their output from the checkpoints)."""
+        for tracked in self._tracked.values():
+            if tracked.output is not None:
+                tracked.output.stop()
         for t in list(self._background):
             t.cancel()
         await super().teardown(*exc_info)
@@ -387,17 +632,15 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         tracked = self._tracked.get(handle)
         if tracked is None:
             tracked = _Tracked(handle, flow_run.id, runner, loop.create_future())
+            if configuration.stream_output:
+                tracked.output = JobOutput(
+                    handle, flow_run.id, flow_run.name, runner, self._output_log, self.checkpoints
+                )
             self._tracked[handle] = tracked
             self._intervals[handle] = configuration.poll_interval
-            if configuration.stream_output:
-                tracked.logs = threading.Thread(
-                    target=self._forward_output,
-                    args=(runner, handle, flow_run.name),
-                    name=f"shipyard-output-{flow_run.id}",
-                    daemon=True,
-                )
-                tracked.logs.start()
         status = await asyncio.shield(tracked.done)
+        if tracked.output is not None:
+            await tracked.output.finish()
         code = exit_code(status)
         state = status.state.name if status else "gone"
         run_logger = self.get_flow_run_logger(flow_run)
@@ -407,14 +650,6 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         if status is None or status.state == AppState.CANCELLED:
             await self._cancel_flow_run(flow_run.id, tracked, f"Shipyard job {handle} {state}")
         return ShipyardWorkerResult(identifier=handle, status_code=code)
-
-    def _forward_output(self, runner: Runner, handle: AppHandle, prefix: str) -> None:
-        """Sends the job's log lines to the worker's log until the job ends."""
-        try:
-            for line in runner.stream_logs(handle, should_tail=True):
-                self._output_log.info("%s | %s", prefix, str(line).rstrip("\n"))
-        except Exception as e:  # the output is a convenience; the run goes on without it
-            self._output_log.warning("stopped following the output of %s: %s", handle, e)
 
     async def _cancel_flow_run(
         self, flow_run_id: uuid.UUID, tracked: _Tracked, message: str
@@ -442,7 +677,8 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
 
     async def poll_once(self) -> None:
         """One round: one status call per runner (one backend call per scheduler and session),
-        one API call for the flow runs; ends the jobs of runs being cancelled."""
+        one API call for the flow runs (per 200 runs); starts following the output of the jobs
+        that run; ends the jobs of runs being cancelled."""
         tracked = list(self._tracked.values())
         groups: dict[int, tuple[Runner, list[AppHandle]]] = {}
         for t in tracked:
@@ -450,6 +686,10 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         statuses: dict[AppHandle, AppStatus | None] = {}
         for runner, handles in groups.values():
             statuses.update(await anyio.to_thread.run_sync(runner.status_many, handles))
+        self.polls += 1
+        self._output_log.debug(
+            "poll %d: %d Shipyard jobs, %d status_many calls", self.polls, len(tracked), len(groups)
+        )
         run_states = await self._flow_run_states([t.flow_run_id for t in tracked])
         for t in tracked:
             status = statuses.get(t.handle)
@@ -458,7 +698,10 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
                 self._intervals.pop(t.handle, None)
                 if not t.done.done():
                     t.done.set_result(status)
-            elif run_states.get(t.flow_run_id) == StateType.CANCELLING and not t.cancel_requested:
+                continue
+            if t.output is not None and status.state == AppState.RUNNING:
+                t.output.start()
+            if run_states.get(t.flow_run_id) == StateType.CANCELLING and not t.cancel_requested:
                 t.cancel_requested = True
                 self._output_log.info(
                     "flow run %s is cancelling: cancelling %s", t.flow_run_id, t.handle
@@ -466,10 +709,15 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
                 await anyio.to_thread.run_sync(t.runner.cancel, t.handle)
 
     async def _flow_run_states(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, StateType | None]:
-        runs = await self.client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids)
-        )
-        return {r.id: (r.state.type if r.state else None) for r in runs}
+        """The state types of the runs: one API call per page of runs (the API's limit)."""
+        states: dict[uuid.UUID, StateType | None] = {}
+        for start in range(0, len(ids), _PAGE):
+            chunk = ids[start : start + _PAGE]
+            runs = await self.client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=chunk)), limit=len(chunk)
+            )
+            states.update({r.id: (r.state.type if r.state else None) for r in runs})
+        return states
 
     # -- cancelling --------------------------------------------------------------------------
 
@@ -505,7 +753,20 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
     async def _adopt_runs(self) -> None:
         """Follows again the unfinished runs of this pool that carry this worker's name."""
         try:
-            runs = await self.client.read_flow_runs(
+            runs = await self._unfinished_runs()
+        except Exception:
+            self._output_log.warning("cannot list the pool's unfinished flow runs", exc_info=True)
+            return
+        mine = [r for r in runs if (r.labels or {}).get("prefect.worker.name") == self.name]
+        self._prune_checkpoints({r.id for r in mine})
+        for run in mine:
+            self._spawn(self._adopt(run))
+
+    async def _unfinished_runs(self) -> list[FlowRun]:
+        """The pool's pending, running and cancelling runs (every page of them)."""
+        runs: list[FlowRun] = []
+        while True:
+            page = await self.client.read_flow_runs(
                 work_pool_filter=WorkPoolFilter(
                     name=WorkPoolFilterName(any_=[self.work_pool.name])
                 ),
@@ -516,13 +777,24 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
                         )
                     )
                 ),
+                sort=FlowRunSort.ID_DESC,
+                limit=_PAGE,
+                offset=len(runs),
             )
-        except Exception:
-            self._output_log.warning("cannot list the pool's unfinished flow runs", exc_info=True)
+            runs.extend(page)
+            if len(page) < _PAGE:
+                return runs
+
+    def _prune_checkpoints(self, runs: set[uuid.UUID]) -> None:
+        """Removes the output checkpoints of runs that ended while no worker followed them."""
+        keep = runs | {t.flow_run_id for t in self._tracked.values()}
+        try:
+            removed = self.checkpoints.prune(keep)
+        except OSError as e:
+            self._output_log.warning("cannot prune the output checkpoints: %s", e)
             return
-        for run in runs:
-            if (run.labels or {}).get("prefect.worker.name") == self.name:
-                self._spawn(self._adopt(run))
+        if removed:
+            self._output_log.info("removed the output checkpoints of ended runs: %s", removed)
 
     async def _adopt(self, flow_run: FlowRun) -> None:
         run_logger = self.get_flow_run_logger(flow_run)

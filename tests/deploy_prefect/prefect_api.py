@@ -90,6 +90,16 @@ def prefect_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def kill_worker() -> str:
+    """SIGKILLs the worker; returns its log as it was when it died (scripts/start_prefect.sh
+    starts the next worker's log afresh)."""
+    pid = worker_pid()
+    assert pid is not None, "the Shipyard worker is not running"
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: worker_pid() is None, 30, f"the worker (pid {pid}) to exit")
+    return worker_log()
+
+
 def restart_worker(kill: bool = True) -> None:
     """SIGKILLs the worker (when ``kill``) and starts it again with scripts/start_prefect.sh."""
     pid = worker_pid()

@@ -7,6 +7,7 @@ run's final state and logs, the worker's log, the job in the backend."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import uuid
 from pathlib import Path
@@ -15,11 +16,13 @@ from typing import Any
 import pytest
 
 from core.specs import AppState, parse_app_handle
+from prefect_tasks.worker import ROLE
 from tests.deploy_prefect.prefect_api import (
     FLOWS,
     HOME,
     FlowRun,
     deploy,
+    kill_worker,
     prefect_cli,
     restart_worker,
     start_run,
@@ -175,6 +178,50 @@ def test_restarted_worker_keeps_tracking_the_run(
     deploy_runner.cancel(handle)
     assert run.wait() == "CANCELLED"
     assert wait_job_final(deploy_runner, handle) == AppState.CANCELLED
+
+
+def forwarded(log: str, tag: str) -> list[str]:
+    """The job output lines of the numbered_lines flow tagged ``tag`` that a worker's log holds
+    (``... - run-name | flow-run/0 TAG line 7``), in order."""
+    pattern = re.compile(rf"\| {re.escape(ROLE)}/0 ({re.escape(tag)} (?:line|end) \d+)$")
+    return [m.group(1) for line in log.splitlines() if (m := pattern.search(line.rstrip()))]
+
+
+def test_restarted_worker_forwards_each_output_line_once(prefect_api: str, gate: Path) -> None:
+    tag = f"out-{uuid.uuid4().hex[:8]}"
+    run = start_run(
+        deploy("numbered_lines", {"scheduler": "local_cwd"}), {"tag": tag, "gate": str(gate)}
+    )
+    handle = run.handle()
+    try:
+        wait_until(lambda: len(forwarded(worker_log(), tag)) >= 5, 300, "lines in the worker's log")
+        before = forwarded(kill_worker(), tag)  # the job goes on printing meanwhile
+        restart_worker(kill=False)
+        wait_until(
+            lambda: f"follows Shipyard job {handle} again" in "\n".join(run.logs()),
+            120,
+            "the restarted worker to follow the job again",
+        )
+        wait_until(lambda: len(forwarded(worker_log(), tag)) >= 5, 120, "lines from the new worker")
+    finally:
+        gate.touch()  # the flow prints its last line and ends
+    assert run.wait() == "COMPLETED"
+    after = wait_until(
+        lambda: (
+            (lines := forwarded(worker_log(), tag))
+            and lines[-1].startswith(f"{tag} end ")
+            and lines
+        ),
+        60,
+        "the job's last line in the worker's log",
+    )
+    n = int(after[-1].rsplit(" ", 1)[1])
+    # what the user sees, the old worker's log then the new one's: every line once, in order
+    assert before + after == [f"{tag} line {i}" for i in range(n)] + [f"{tag} end {n}"], (
+        before[-3:],
+        after[:3],
+    )
+    assert len(before) >= 5 and len(after) >= 6
 
 
 def test_block_configured_task_flow(

@@ -1,19 +1,31 @@
-"""The Shipyard worker's pure parts: the app a flow run becomes, exit codes, idempotency keys, the
-work pool's template, and the ShipyardBackend block's resolution (the worker itself runs against
-the real server in tests/deploy_prefect)."""
+"""The Shipyard worker's parts: the app a flow run becomes, exit codes, idempotency keys, the
+work pool's template, the ShipyardBackend block's resolution, and the forwarding of a job's output
+with its checkpoints, on real local jobs (the worker itself runs against the real server in
+tests/deploy_prefect)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import stat
 import sys
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from core.specs import AppState, AppStatus, ReplicaStatus, RoleStatus
+from core.follow import LogCursor
+from core.runner import Runner, get_runner
+from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role, RoleStatus
 from prefect_tasks.blocks import ShipyardBackend, resolve_backend
 from prefect_tasks.worker import (
+    ROLE,
+    JobOutput,
+    OutputCheckpoints,
     ShipyardJobConfiguration,
     ShipyardWorker,
     exit_code,
@@ -95,3 +107,151 @@ def test_backend_block_keeps_the_registry_password_secret() -> None:
         scheduler="local_docker", registry_username="ci", registry_password="s3cr3t-pw"
     )
     assert "s3cr3t-pw" not in repr(block) and "s3cr3t-pw" not in str(block.model_dump())
+
+
+# -- output checkpoints ------------------------------------------------------------------------
+
+
+def test_checkpoints_round_trip_privately_and_atomically(tmp_path: Path) -> None:
+    store = OutputCheckpoints(tmp_path / "state" / "prefect-worker" / "w1")
+    run = uuid.uuid4()
+    assert store.load(run, "local_cwd://s/a") == LogCursor()
+    store.save(run, "local_cwd://s/a", LogCursor({f"{ROLE}/0": 7}))
+    assert store.load(run, "local_cwd://s/a") == LogCursor({f"{ROLE}/0": 7})
+    # another job of the run (a retry) does not resume from it
+    assert store.load(run, "local_cwd://s/b") == LogCursor()
+    path = store.path(run)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for d in (store.directory, store.directory.parent, store.directory.parent.parent):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    assert [p.name for p in store.directory.iterdir()] == [path.name]  # no temporary file left
+    assert json.loads(path.read_text()) == {
+        "app_handle": "local_cwd://s/a",
+        "cursor": {f"{ROLE}/0": 7},
+    }
+    store.remove(run)
+    assert not path.exists()
+    store.remove(run)  # idempotent
+
+
+def test_unreadable_checkpoint_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = OutputCheckpoints(tmp_path)
+    run = uuid.uuid4()
+    for text in ("{not json", '{"app_handle": "h", "cursor": {"r/0": -1}}', "[]"):
+        store.path(run).write_text(text)
+        assert store.load(run, "h") == LogCursor()
+    assert "ignoring the output checkpoint" in caplog.text
+
+
+def test_prune_keeps_the_runs_still_followed(tmp_path: Path) -> None:
+    store = OutputCheckpoints(tmp_path)
+    kept, ended = uuid.uuid4(), uuid.uuid4()
+    for run in (kept, ended):
+        store.save(run, "h", LogCursor({"r/0": 1}))
+    (tmp_path / f".{ended}.json.123.tmp").write_text("{}")  # a worker killed mid-save
+    removed = store.prune({kept})
+    assert sorted(removed) == sorted([f"{ended}.json", f".{ended}.json.123.tmp"])
+    assert [p.name for p in tmp_path.iterdir()] == [f"{kept}.json"]
+    assert OutputCheckpoints(tmp_path / "missing").prune(set()) == []
+
+
+def test_worker_checkpoints_live_in_the_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHIPYARD_STATE_DIR", "/srv/shipyard")
+    store = OutputCheckpoints.for_worker("gpu worker/1")
+    assert store.directory == Path("/srv/shipyard/prefect-worker/gpu-worker-1")
+
+
+# -- forwarding a job's output -----------------------------------------------------------------
+
+
+class Logged(logging.Handler):
+    """The job lines a JobOutput logged (``prefix | role/k text`` -> ``text``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        prefix, _, rest = record.getMessage().partition(" | ")
+        if prefix == "run-1" and rest.startswith(f"{ROLE}/0 "):
+            self.lines.append(rest.split(" ", 1)[1])
+
+
+@pytest.fixture
+def output_log() -> Iterator[tuple[logging.Logger, Logged]]:
+    logger = logging.getLogger(f"test.shipyard.output.{uuid.uuid4().hex}")
+    logger.setLevel(logging.INFO)
+    handler = Logged()
+    logger.addHandler(handler)
+    yield logger, handler
+    logger.removeHandler(handler)
+
+
+@pytest.fixture
+def runner() -> Iterator[Runner]:
+    with get_runner() as r:
+        yield r
+
+
+def printer(n: int, every: float) -> AppDef:
+    """A one-role app printing ``line 0`` .. ``line n-1``, one every ``every`` seconds."""
+    script = f"import time\nfor i in range({n}):\n    print('line', i, flush=True)\n    time.sleep({every})\n"
+    return AppDef("printer", [Role(ROLE, entrypoint=sys.executable, args=["-c", script])])
+
+
+async def forward(
+    runner: Runner,
+    handle: str,
+    run: uuid.UUID,
+    store: OutputCheckpoints,
+    logger: logging.Logger,
+    stop_after: int | None = None,
+    handler: Logged | None = None,
+) -> JobOutput:
+    """Forwards the job's output as a worker does: until ``handler`` has ``stop_after`` lines
+    (then the worker stops), or to the job's end."""
+    out = JobOutput(handle, run, "run-1", runner, logger, store)
+    out.start()
+    if stop_after is not None:
+        assert handler is not None
+        while len(handler.lines) < stop_after:
+            await asyncio.sleep(0.02)
+        out.stop()
+        return out
+    await asyncio.to_thread(runner.wait, handle)
+    await out.finish()
+    return out
+
+
+def test_output_resumes_after_the_checkpoint_each_line_once(
+    runner: Runner, output_log: tuple[logging.Logger, Logged], tmp_path: Path
+) -> None:
+    logger, logged = output_log
+    store, run = OutputCheckpoints(tmp_path), uuid.uuid4()
+    handle = runner.run(printer(40, 0.05), "local_cwd")
+    # a first worker forwards some lines and stops (the job goes on)
+    asyncio.run(forward(runner, handle, run, store, logger, stop_after=5, handler=logged))
+    first = list(logged.lines)
+    saved = store.load(run, handle)
+    assert saved.total == len(first) >= 5
+    # the next one resumes after them, to the end, and removes the checkpoint
+    asyncio.run(forward(runner, handle, run, store, logger))
+    assert logged.lines == [f"line {i}" for i in range(40)]
+    assert not store.path(run).exists()
+
+
+def test_output_of_a_job_that_ended_unseen_comes_from_its_complete_logs(
+    runner: Runner, output_log: tuple[logging.Logger, Logged], tmp_path: Path
+) -> None:
+    logger, logged = output_log
+    store, run = OutputCheckpoints(tmp_path), uuid.uuid4()
+    handle = runner.run(printer(12, 0), "local_cwd")
+    assert runner.wait(handle).state == AppState.SUCCEEDED  # type: ignore[union-attr]
+    store.save(run, handle, LogCursor({f"{ROLE}/0": 4}))
+
+    async def never_started() -> None:  # the job ended before any poll saw it run
+        await JobOutput(handle, run, "run-1", runner, logger, store).finish()
+
+    asyncio.run(never_started())
+    assert logged.lines == [f"line {i}" for i in range(4, 12)]
+    assert not store.path(run).exists()

@@ -48,3 +48,17 @@ def block_job(backend: str, message: str) -> str:
     handle = submit_job(app, scheduler=backend)
     wait_for_job(handle, cluster=backend)
     return handle
+
+
+@flow
+def numbered_lines(tag: str, gate: str, every: float = 0.2, limit: int = 3000) -> int:
+    """Prints ``TAG line 0``, ``TAG line 1``, ... to its stdout, one every ``every`` seconds,
+    until the file ``gate`` exists (or ``limit`` lines), then ``TAG end N``. Plain prints, not
+    logs: only the worker's forwarding of the job's output shows them."""
+    n = 0
+    while n < limit and not Path(gate).exists():
+        print(f"{tag} line {n}", flush=True)
+        n += 1
+        time.sleep(every)
+    print(f"{tag} end {n}", flush=True)
+    return n
