@@ -15,7 +15,7 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
     "relabeling": {
         "host": "SSH login node (Slurm)",
         "login": "User",
-        "password": "slurmrestd token (JWT)",
+        "password": "slurmrestd token (JWT), or the Docker registry's password",
     },
     "placeholders": {
         "host": "login.hpc.example (or an alias of ~/.ssh/config)",
@@ -70,4 +70,27 @@ CONN_FIELDS: dict[str, Any] = {
         "label": "Command printing the JWT (instead of the token field)",
         "schema": {"type": ["string", "null"]},
     },
+    "docker_host": {
+        "label": "Docker engine URL",
+        "schema": {"type": ["string", "null"]},
+        "description": "as DOCKER_HOST, e.g. tcp://builder:2376 (default: the worker's)",
+    },
+    "tls_ca_cert": {
+        "label": "Docker TLS: CA certificate (file or PEM)",
+        "schema": {"type": ["string", "null"]},
+    },
+    "tls_client_cert": {
+        "label": "Docker TLS: client certificate (file or PEM)",
+        "schema": {"type": ["string", "null"]},
+    },
+    "tls_private_key": {
+        "label": "Docker TLS: client key (file or PEM)",
+        "schema": {"type": ["string", "null"], "format": "password"},
+    },
+    "registry_url": {
+        "label": "Docker registry to log in to",
+        "schema": {"type": ["string", "null"]},
+        "description": "host:port; the password goes in the password field",
+    },
+    "registry_username": {"label": "Docker registry user", "schema": {"type": ["string", "null"]}},
 }

@@ -12,6 +12,15 @@ too: it names a login node where the Slurm commands run.
     airflow connections add hpc1 --conn-type shipyard --conn-host login.hpc.example \\
         --conn-login alice --conn-extra '{"scheduler": "slurm", "transport": "ssh",
         "private_key": "-----BEGIN OPENSSH PRIVATE KEY-----...", "known_hosts": "accept-new"}'
+
+Or a Docker engine (``local_docker``) that is not the worker's default one, with TLS, and a
+registry login (the password in the connection's password field); :meth:`ShipyardHook.get_conn`
+gives a runner whose ``local_docker`` uses them::
+
+    airflow connections add builder --conn-type shipyard --conn-password "$REGISTRY_TOKEN" \\
+        --conn-extra '{"docker_host": "tcp://builder:2376", "tls_ca_cert": "/etc/shipyard/ca.pem",
+        "tls_client_cert": "/etc/shipyard/cert.pem", "tls_private_key": "-----BEGIN ...",
+        "registry_url": "registry.example:5000", "registry_username": "ci"}'
 """
 
 from __future__ import annotations
@@ -25,8 +34,16 @@ from airflow.sdk import BaseHook, Connection
 from airflow_provider.connection_form import UI_FIELD_BEHAVIOUR
 from core.clusters import ClusterConfig, Secret, register_cluster
 from core.runner import Runner, get_runner
+from core.schedulers import SchedulerFactory, get_scheduler_factories
+from core.schedulers.docker.engine import DockerEngine
 
-__all__ = ["ShipyardHook", "cluster_from_connection", "connection_settings"]
+__all__ = [
+    "ShipyardHook",
+    "cluster_from_connection",
+    "connection_settings",
+    "docker_engine_from_connection",
+    "docker_scheduler_factories",
+]
 
 #: the extras of a ``shipyard`` connection (besides host, port, login and password)
 CLUSTER_EXTRAS = (
@@ -39,6 +56,17 @@ CLUSTER_EXTRAS = (
     "local_mount",
     "token_command",
     "token_file",
+)
+
+#: the extras of a ``shipyard`` connection that name a Docker engine and a registry login (the
+#: registry password is the connection's password); certificates and the key are files or PEM
+DOCKER_EXTRAS = (
+    "docker_host",
+    "tls_ca_cert",
+    "tls_client_cert",
+    "tls_private_key",
+    "registry_url",
+    "registry_username",
 )
 
 
@@ -61,11 +89,75 @@ def connection_settings(
             raise ValueError(f"{where}: extra.cfg: expected a JSON object: {e}") from None
     if not isinstance(cfg, Mapping):
         raise ValueError(f"{where}: extra.cfg: expected a JSON object, got {cfg!r}")
+    engine = docker_engine_from_connection(conn)
     cluster = cluster_from_connection(conn)
     if cluster is not None:
         scheduler = scheduler or "slurm"
         cfg = {**cfg, "cluster": cluster.name}
+    elif engine is not None:
+        scheduler = scheduler or "local_docker"
     return scheduler, dict(cfg), cluster
+
+
+def docker_engine_from_connection(conn: Connection) -> DockerEngine | None:
+    """The Docker engine and registry login of a ``shipyard`` connection with Docker extras
+    (see :data:`DOCKER_EXTRAS`); None for a connection without any. The registry password (the
+    connection's password) and the TLS key stay in memory.
+
+    Raises:
+        ValueError: naming the connection and the field when it is not usable.
+    """
+    extra = conn.extra_dejson or {}
+    values = {k: str(extra[k]) for k in DOCKER_EXTRAS if extra.get(k) not in (None, "")}
+    if not values or conn.conn_type != "shipyard":
+        return None
+    where = f"connection {conn.conn_id!r}"
+    if extra.get("transport"):
+        raise ValueError(
+            f"{where}: transport and {', '.join(values)}: a connection names a Slurm cluster"
+            " or a Docker engine, not both"
+        )
+    key = values.get("tls_private_key")
+    user = values.get("registry_username")
+    if user and not conn.password:
+        raise ValueError(
+            f"{where}: registry_username: the registry's password goes in the connection's"
+            " password field, which is empty"
+        )
+    engine = DockerEngine(
+        host=values.get("docker_host"),
+        tls_ca_cert=values.get("tls_ca_cert"),
+        tls_client_cert=values.get("tls_client_cert"),
+        tls_private_key=Secret(key) if key else None,
+        registry=values.get("registry_url"),
+        registry_username=user,
+        registry_password=Secret(conn.password) if user and conn.password else None,
+        origin=where,
+    )
+    engine.check()
+    return engine
+
+
+def docker_scheduler_factories(engine: DockerEngine) -> dict[str, SchedulerFactory]:
+    """The scheduler factories, with ``local_docker`` connecting to ``engine`` (for
+    ``get_runner(scheduler_factories=...)``).
+
+    Raises:
+        ValueError: the ``local_docker`` scheduler is not installed.
+    """
+    factories = dict(get_scheduler_factories())
+    docker_factory = factories.get("local_docker")
+    if docker_factory is None:
+        raise ValueError(
+            f"{engine.origin}: docker_host: the local_docker scheduler is not available"
+            " (pip install -e '.[docker]')"
+        )
+
+    def make_docker(session_name: str, **kwargs: Any) -> Any:
+        return docker_factory(session_name, **{**kwargs, "docker_engine": engine})
+
+    factories["local_docker"] = make_docker
+    return factories
 
 
 def cluster_from_connection(conn: Connection) -> ClusterConfig | None:
@@ -117,6 +209,7 @@ class ShipyardHook(BaseHook):
         super().__init__(**kwargs)
         self.shipyard_conn_id = shipyard_conn_id
         self._settings: tuple[str | None, dict[str, Any], ClusterConfig | None] | None = None
+        self._engine: DockerEngine | None = None
 
     def settings(self) -> tuple[str | None, dict[str, Any], ClusterConfig | None]:
         """``(scheduler, default cfg, cluster)`` of the connection; the cluster (if any) is
@@ -124,9 +217,16 @@ class ShipyardHook(BaseHook):
         if self._settings is None:
             conn = self.get_connection(self.shipyard_conn_id)
             self._settings = connection_settings(conn)
+            self._engine = docker_engine_from_connection(conn)
             if self._settings[2] is not None:
                 register_cluster(self._settings[2])
         return self._settings
+
+    def docker_engine(self) -> DockerEngine | None:
+        """The connection's Docker engine and registry login (see
+        :func:`docker_engine_from_connection`), None if it names none."""
+        self.settings()
+        return self._engine
 
     def ui_url_template(self) -> str | None:
         """The connection's extra ``ui_url`` (a job page URL template; see
@@ -135,9 +235,13 @@ class ShipyardHook(BaseHook):
         return str(extra["ui_url"]) if extra.get("ui_url") else None
 
     def get_conn(self) -> Runner:
-        """A runner that can reach the connection's backend."""
+        """A runner that can reach the connection's backend: its Slurm cluster is registered;
+        its ``local_docker`` connects to the connection's Docker engine, logged in to its
+        registry (on first use)."""
         self.settings()
-        return get_runner()
+        if self._engine is None:
+            return get_runner()
+        return get_runner(scheduler_factories=docker_scheduler_factories(self._engine))
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
