@@ -518,6 +518,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self, runner: Runner, context: Context, handle: AppHandle, status: AppStatus
     ) -> None:
         """The ended job's ``usage`` and ``result`` XComs, with a summary in the log."""
+        # asked again: a backend may record usage a moment after the end (a local replica's,
+        # once its wrapper is reaped), and the logs were drained since
+        status = runner.status(handle) or status
         usage = {
             f"{rs.role}/{r.id}": r.usage.to_json()
             for rs in status.roles

@@ -69,7 +69,7 @@ def test_runs_and_pushes_xcoms(runner: Any) -> None:
         "result": {},  # no replica wrote one
     }
     assert sorted(usage) == ["hello/0", "hello/1"]
-    assert all(u["wall_time"] > 0 and u["peak_memory"] > 0 for u in usage.values()), usage
+    assert all(u["wall_time"] > 0 and u["cpu_time"] >= 0 for u in usage.values()), usage
     assert runner.status(handle).state == AppState.SUCCEEDED
     # tagged with the task instance's key
     assert runner.find("local_cwd", key_of(ti)) == handle

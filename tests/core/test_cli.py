@@ -314,7 +314,8 @@ roles:
     entrypoint: python3
     args:
       - "-c"
-      - "import json, os; json.dump({'loss': 0.25}, open(os.environ['SHIPYARD_RESULT_FILE'], 'w'))"
+      - "import json, os; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]);
+         json.dump({'loss': 0.25}, open(os.environ['SHIPYARD_RESULT_FILE'], 'w'))"
   - name: broken
     entrypoint: sh
     args: ["-c", "echo '{not json' > $SHIPYARD_RESULT_FILE"]
@@ -331,7 +332,8 @@ def test_results_and_usage_through_run_wait_and_status(tmp_path: Path) -> None:
         line.startswith("Result error: broken/0: result file is not valid JSON")
         for line in r.stdout.splitlines()
     ), r.stdout
-    # each replica's line has what it used (wall and CPU time, peak memory)
+    # each replica's line has what it used (wall and CPU time; the peak of one that used more
+    # memory than the submitting process, here 200 MiB)
     train = next(line for line in r.stdout.splitlines() if line.startswith("  train/0 "))
     assert "wall " in train and "peak " in train, train
 

@@ -18,6 +18,7 @@ import atexit
 import collections
 import logging
 import os
+import resource
 import select
 import subprocess
 import sys
@@ -71,6 +72,7 @@ class _Child:
     app: AppDir | None = None
     index: int = -1
     popen: subprocess.Popen[bytes] | None = None
+    inherited: int = 0  # the spawning process's peak RSS (KiB) when it spawned the wrapper
 
     def reaped(self, pidfd: int = -1) -> bool:
         """Reaps it if it exited (False if it runs); records a killed wrapper's exit code and
@@ -90,7 +92,7 @@ class _Child:
             self.app.record_exit(self.index, -by)
         if self.app is not None:
             try:
-                record_reaped(self.app, self.index, rusage, by, _oom_counter())
+                record_reaped(self.app, self.index, rusage, by, _oom_counter(), self.inherited)
             except OSError as e:
                 log.debug("could not record the usage of %s/%d: %s", self.app.path, self.index, e)
         return True
@@ -196,7 +198,10 @@ class Background:
             self._pending += 1
             if housekeeping is not None:  # (weakly: a scheduler is not kept alive for it)
                 self._housekeepers.add(weakref.WeakMethod(housekeeping))  # type: ignore[arg-type]
-        watches = [("watch", _Child(pid, app, g)) for g, pid in enumerate(pids)]
+        inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        watches = [
+            ("watch", _Child(pid, app, g, inherited=inherited)) for g, pid in enumerate(pids)
+        ]
         self._put(("launch", (time.monotonic() + COLLECTOR_DELAY, app, grace)), *watches)
 
     def flush(self, timeout: float = 10.0) -> None:

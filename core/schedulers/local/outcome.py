@@ -81,16 +81,25 @@ class OomCounter:
 
 
 def record_reaped(
-    app: AppDir, g: int, rusage: resource.struct_rusage, by_signal: int, oom: OomCounter
+    app: AppDir,
+    g: int,
+    rusage: resource.struct_rusage,
+    by_signal: int,
+    oom: OomCounter,
+    inherited: int = 0,
 ) -> None:
     """Records what replica ``g`` used, from its wrapper's ``wait4`` rusage (the wrapper waits
-    for its command, so the figures are the command's)."""
+    for its command, so the figures are the command's).
+
+    The wrapper's own peak is its spawner's (``inherited``, KiB): the kernel counts the memory
+    of the process it was forked from until it execs. A peak no higher than that is not the
+    command's, so it is unknown (None)."""
     code = app.exits().get(g, -by_signal if by_signal else None)
     killed = code in _KILLED
     usage = {
         "end": time.time(),
         "cpu": rusage.ru_utime + rusage.ru_stime,
-        "maxrss": rusage.ru_maxrss * 1024,  # (KiB on Linux)
+        "maxrss": rusage.ru_maxrss * 1024 if rusage.ru_maxrss > inherited else None,
         "oom": bool(killed and oom.new_kill()),
     }
     app.record_usage(g, json.dumps(usage, separators=(",", ":")))
