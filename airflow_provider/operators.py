@@ -41,6 +41,7 @@ from core.polling import status_poller
 from core.reports import usage_summary
 from core.runner import AppFailedError, Runner
 from core.schedulers import get_default_scheduler_name
+from core.silence import SilenceWatch, check_max_silence
 from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
 
 if TYPE_CHECKING:
@@ -61,6 +62,11 @@ class ShipyardJobFailedError(AirflowException):
         self.app_handle = error.handle
         self.state = error.state
         self.exit_codes = error.exit_codes
+
+
+class ShipyardJobSilentError(AirflowException):
+    """The job was cancelled: replicas printed no line for ``max_silence`` seconds (the message
+    names them, with their last lines)."""
 
 
 class ShipyardOperator(ResumableJobMixin, BaseOperator):
@@ -90,6 +96,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         preflight: first check, without starting anything, every problem a submit would hit
             (:meth:`core.runner.Runner.preflight`); any fails the task at once, without
             retries, listing them all
+        max_silence: seconds a running replica may go without printing a line; past that the
+            job is cancelled and the task fails (:class:`ShipyardJobSilentError`, naming the
+            silent replicas and their last lines): the hung-collective case. None: no limit
 
     Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
     and ``state`` (the app state's name). Once the job ended, also ``result`` (what replicas
@@ -131,9 +140,11 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         shipyard_conn_id: str | None = None,
         ui_url: str | None = None,
         preflight: bool = False,
+        max_silence: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.max_silence = check_max_silence(max_silence)
         if not isinstance(app, AppDef | Mapping | str | os.PathLike):
             raise ValueError(
                 "app: expected an AppDef, a dict or the path of a YAML app file,"
@@ -159,6 +170,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self._handle: AppHandle | None = None
         self._submit_key: str | None = None
         self._result: AppHandle | None = None
+        self._silence: SilenceWatch | None = None
 
     # -- templating --------------------------------------------------------------------------
 
@@ -346,6 +358,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                             target_states=["SUCCEEDED"],
                             stream_logs=True,
                             shipyard_conn_id=self.shipyard_conn_id,
+                            max_silence=self.max_silence,
                         ),
                         method_name="execute_complete",
                         timeout=self.execution_timeout,
@@ -374,6 +387,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self._handle = handle
         if event.get("status") == "error":
             raise AirflowException(event.get("message") or f"waiting for {handle} failed")
+        if event.get("silent"):
+            raise ShipyardJobSilentError(event.get("message"))
         with self._runner() as runner:
             # the lines the trigger did not log (all of them if it could not stream)
             self._log_lines_after(runner, handle, _event_cursor(event))
@@ -432,6 +447,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         """
         lines: queue.Queue[Any] = queue.Queue()
         cursor = LogCursor()
+        self._silence = SilenceWatch(self.max_silence) if self.max_silence else None
         follower = LogFollower(
             handle, lines.put, runner_factory=lambda: make_runner(self.session_name)
         ).start()
@@ -443,6 +459,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                     fresh, status = watch.take()
                     if fresh and (status is None or status.is_terminal()):
                         break
+                    if fresh:
+                        self._cancel_if_silent(runner, handle, status)
                     ended = self._drain(lines, cursor, self.poll_interval) or ended
             if not ended:
                 self._drain(lines, cursor, DRAIN_TIMEOUT, until_end=True)
@@ -474,6 +492,20 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             index, line = item
             if cursor.accept(index, line):
                 self.log.info("%s", line)
+                if self._silence is not None:
+                    self._silence.saw(line)
+
+    def _cancel_if_silent(
+        self, runner: Runner, handle: AppHandle, status: AppStatus | None
+    ) -> None:
+        """Cancels the job and fails the task if replicas are silent past ``max_silence``."""
+        silent = self._silence.silent(status) if self._silence is not None else []
+        if not silent:
+            return
+        message = self._silence.message(handle, silent)  # type: ignore[union-attr]
+        self.log.error("%s", message)
+        runner.cancel(handle)
+        raise ShipyardJobSilentError(message)
 
     def _log_lines_after(self, runner: Runner, handle: AppHandle, cursor: LogCursor) -> None:
         """Logs every replica's lines after ``cursor`` (what is not in the task log yet)."""

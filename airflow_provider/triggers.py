@@ -29,6 +29,7 @@ from core.clusters import register_cluster
 from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import StatusWatch, status_poller
 from core.runner import LogLine
+from core.silence import SilenceWatch, check_max_silence
 from core.specs import AppHandle, AppStatus, parse_app_handle
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ class ShipyardJobTrigger(BaseTrigger):
             read from the connection in the triggerer; only the id is serialized)
         log_cursor: lines already in the task log (``{"role/k": count}``); only the lines
             after it are logged
+        max_silence: with ``stream_logs``, seconds a running replica may go without a line;
+            past that the trigger cancels the app and fires a ``failure`` event whose
+            ``silent`` lists the silent replicas (see :mod:`core.silence`)
 
     The event payload: ``status`` (``success``, ``failure`` or ``error``), ``app_handle``,
     ``state`` (the app state name), ``message``, ``log_cursor`` (the lines in the task log once
@@ -73,6 +77,7 @@ class ShipyardJobTrigger(BaseTrigger):
         stream_logs: bool = False,
         shipyard_conn_id: str | None = None,
         log_cursor: Mapping[str, int] | None = None,
+        max_silence: float | None = None,
     ) -> None:
         super().__init__()
         parse_app_handle(app_handle)  # raises on a malformed handle
@@ -88,6 +93,7 @@ class ShipyardJobTrigger(BaseTrigger):
         self.stream_logs = bool(stream_logs)
         self.shipyard_conn_id = shipyard_conn_id
         self.log_cursor = LogCursor(log_cursor).to_dict()
+        self.max_silence = check_max_silence(max_silence)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -100,6 +106,7 @@ class ShipyardJobTrigger(BaseTrigger):
                 "stream_logs": self.stream_logs,
                 "shipyard_conn_id": self.shipyard_conn_id,
                 "log_cursor": dict(self.log_cursor),
+                "max_silence": self.max_silence,
             },
         )
 
@@ -130,6 +137,10 @@ class ShipyardJobTrigger(BaseTrigger):
                     message = f"app {self.app_handle} is unknown to its scheduler"
                     yield self._event("error", "UNKNOWN", message, stream)
                     return
+                silent = stream.silent(status) if stream is not None else []
+                if silent:
+                    yield await self._cancel_silent(stream, silent)  # type: ignore[arg-type]
+                    return
                 kind = self._kind(status.state.name)
                 if kind is None:
                     continue
@@ -144,12 +155,22 @@ class ShipyardJobTrigger(BaseTrigger):
                 stream.stop()
                 await stream.checkpoint()
 
+    async def _cancel_silent(self, stream: _LogStream, silent: list[str]) -> TriggerEvent:
+        """Cancels the app whose replicas are silent; the failure event names them."""
+        message = stream.silence_message(silent)
+        self.log.error("%s", message)
+        await asyncio.to_thread(_cancel, self.app_handle)
+        event = self._event("failure", "CANCELLED", message, stream)
+        event.payload["silent"] = silent
+        return event
+
     async def _open_stream(self) -> _LogStream:
         checkpoint = _Checkpoint.of(self)
         cursor = LogCursor(self.log_cursor)
         if checkpoint is not None:
             cursor = cursor.merged(await checkpoint.load())
-        stream = _LogStream(self.app_handle, self.log, cursor, checkpoint)
+        silence = SilenceWatch(self.max_silence) if self.max_silence else None
+        stream = _LogStream(self.app_handle, self.log, cursor, checkpoint, silence)
         if cursor.total:
             self.log.info("resuming the logs of %s after %d lines", self.app_handle, cursor.total)
         stream.start()
@@ -271,8 +292,10 @@ class _LogStream:
         logger: Any,
         cursor: LogCursor,
         checkpoint: _Checkpoint | None,
+        silence: SilenceWatch | None = None,
     ) -> None:
         self._handle = handle
+        self._silence = silence
         self._log = logger
         self.cursor = cursor
         self._checkpoint = checkpoint
@@ -296,6 +319,17 @@ class _LogStream:
     def _emit(self, index: int, line: LogLine) -> None:
         if self.cursor.accept(index, line):
             self._log.info("%s", line)
+            if self._silence is not None:
+                self._silence.saw(line)
+
+    def silent(self, status: AppStatus) -> list[str]:
+        """The replicas silent past ``max_silence`` (none without a limit)."""
+        return self._silence.silent(status) if self._silence is not None else []
+
+    def silence_message(self, silent: list[str]) -> str:
+        """The failure message naming the silent replicas and their last lines."""
+        assert self._silence is not None
+        return self._silence.message(self._handle, silent)
 
     def wake(self) -> None:
         """Makes :meth:`pump` return (thread-safe: the status poller calls it)."""

@@ -188,11 +188,16 @@ def trigger_load(handles_file: str, interval: float, seconds: float) -> dict[str
             asyncio.create_task(drive(ShipyardJobTrigger(h, poll_interval=interval)))
             for h in handles
         ]
-        while status_poller().rounds < 3:  # the fast first polls are over
+        while status_poller().rounds < 3:
             await asyncio.sleep(0.1)
-        await asyncio.sleep(interval)
+        await asyncio.sleep(2 * interval)  # every watch's fast first polls are over
+        # the window: whole intervals from the middle of one (the poller polls on the ticks,
+        # the multiples of the interval on the monotonic clock), so it holds exactly
+        # seconds / interval ticks
+        now = time.monotonic()
+        await asyncio.sleep((now // interval + 1.5) * interval - now)
         c0, n0, t0 = cpu(), calls[0], time.monotonic()
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(round(seconds / interval) * interval)
         c1, n1, t1 = cpu(), calls[0], time.monotonic()
         for task in tasks:
             task.cancel()

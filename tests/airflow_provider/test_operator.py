@@ -12,7 +12,11 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_provider._common import idempotency_key
-from airflow_provider.operators import ShipyardJobFailedError, ShipyardOperator
+from airflow_provider.operators import (
+    ShipyardJobFailedError,
+    ShipyardJobSilentError,
+    ShipyardOperator,
+)
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.specs import AppDef, AppState, Role, parse_app_handle
 from tests.airflow_provider.helpers import StateStoreStub, TaskInstanceStub, context, wait_until
@@ -360,3 +364,46 @@ def test_deferred_task_timing_out_cancels_the_job(runner: Any) -> None:
             context(ti, store),  # type: ignore[arg-type]
         )
     wait_until(lambda: runner.status(handle).state == AppState.CANCELLED, what="CANCELLED")
+
+
+# replica 0 prints, then hangs without a word; replica 1 keeps printing
+HANGS = 'if [ "$SHIPYARD_REPLICA_ID" = 0 ]; then echo "init done"; exec sleep 300; fi; while true; do echo beat; sleep 0.2; done'
+
+
+def test_max_silence_cancels_a_job_whose_replica_hangs(runner: Any) -> None:
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(
+        task_id="job", app=sh("hang", HANGS, replicas=2), max_silence=2, poll_interval=0.2
+    )
+    with pytest.raises(ShipyardJobSilentError) as info:
+        op.execute(context(ti, StateStoreStub()))
+    text = str(info.value)
+    assert "no log line for 2s from hang/0 (max_silence)" in text, text
+    assert "hang/0: 'init done'" in text and "hang/1" not in text.split("last lines:")[0], text
+    handle = runner.find("local_cwd", key_of(ti))
+    assert wait_until(lambda: runner.status(handle).is_terminal(), 30, "the job to end")
+    assert runner.status(handle).state == AppState.CANCELLED
+
+
+def test_max_silence_in_the_trigger_cancels_and_names_the_replica(runner: Any) -> None:
+    ti = TaskInstanceStub()
+    op = ShipyardOperator(
+        task_id="job",
+        app=sh("hangd", HANGS, replicas=2),
+        max_silence=2,
+        poll_interval=0.2,
+        deferrable=True,
+    )
+    with pytest.raises(TaskDeferred) as info:
+        op.execute(context(ti, StateStoreStub()))
+    trigger = info.value.trigger
+    assert trigger.serialize()[1]["max_silence"] == 2.0
+
+    async def first_event() -> Any:
+        return await anext(trigger.run())
+
+    event = asyncio.run(first_event())
+    assert event.payload["status"] == "failure" and event.payload["silent"] == ["hangd/0"]
+    assert runner.status(trigger.app_handle).state == AppState.CANCELLED
+    with pytest.raises(ShipyardJobSilentError, match=r"hangd/0: 'init done'"):
+        op.execute_complete(context(ti), event.payload)

@@ -1,0 +1,101 @@
+"""Hang detection: replicas that printed no log line for too long (``max_silence``).
+
+A job whose replicas all wait on each other (an NCCL collective that never completes) stays
+RUNNING and silent until a wall-clock limit, hours later. A :class:`SilenceWatch`, fed the
+lines a waiter follows and the statuses it polls, names the running replicas whose last line
+(or, before their first, the moment they were first seen running) is older than
+``max_silence`` seconds, with their last lines; the waiter then cancels the job and fails with
+:meth:`SilenceWatch.message`.
+
+Nothing here imports Airflow or Prefect.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from core.runner import LogLine
+from core.specs import AppState, AppStatus
+
+__all__ = ["JobSilentError", "SilenceWatch", "check_max_silence"]
+
+#: the last lines of each replica a message quotes
+LAST_LINES = 3
+
+
+class JobSilentError(RuntimeError):
+    """A job was cancelled because replicas printed nothing for ``max_silence`` seconds."""
+
+    def __init__(self, message: str, handle: str, silent: list[str]) -> None:
+        super().__init__(message)
+        self.handle = handle
+        self.silent = silent
+
+
+def check_max_silence(value: Any, where: str = "max_silence") -> float | None:
+    """``value`` as seconds (None: no limit).
+
+    Raises:
+        ValueError: naming ``where``, for anything but a positive number or None.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{where}: expected a positive number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: expected a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+class SilenceWatch:
+    """When each replica last printed, and which running ones are silent for too long.
+
+    Args:
+        max_silence: seconds without a line after which a running replica is silent
+        clock: the time source (monotonic seconds)
+    """
+
+    def __init__(self, max_silence: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_silence = max_silence
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._lines: dict[str, collections.deque[str]] = {}
+
+    def saw(self, line: LogLine) -> None:
+        """A line of its replica came now."""
+        key = f"{line.role}/{line.replica}"
+        self._last[key] = self._clock()
+        self._lines.setdefault(key, collections.deque(maxlen=LAST_LINES)).append(
+            str(line.line).rstrip("\n")
+        )
+
+    def silent(self, status: AppStatus | None) -> list[str]:
+        """The running replicas (``role/k``) of ``status`` silent for ``max_silence``."""
+        if status is None or status.state != AppState.RUNNING:
+            return []
+        now = self._clock()
+        out = []
+        for rs in status.roles:
+            for r in rs.replicas:
+                if r.state != AppState.RUNNING:
+                    continue
+                key = f"{rs.role}/{r.id}"
+                since = self._last.setdefault(key, now)  # first seen running: the clock starts
+                if now - since >= self.max_silence:
+                    out.append(key)
+        return out
+
+    def message(self, handle: str, silent: list[str]) -> str:
+        """What the waiter fails with: the silent replicas and their last lines."""
+        parts = []
+        for key in silent:
+            last = list(self._lines.get(key, ()))
+            parts.append(f"{key}: " + (" | ".join(repr(x) for x in last) if last else "no line"))
+        return (
+            f"{handle}: cancelled: no log line for {self.max_silence:g}s from"
+            f" {', '.join(silent)} (max_silence); last lines: " + "; ".join(parts)
+        )
