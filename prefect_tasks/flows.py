@@ -26,14 +26,12 @@ from prefect import flow
 
 from core.specs import AppHandle, AppState, AppStatus, CfgVal
 from prefect_tasks.blocks import SlurmCluster
-from prefect_tasks.jobs import cancel_flow_run_jobs
+from prefect_tasks.jobs import async_twin, cancel_flow_run_jobs, guard_flow_run
 from prefect_tasks.tasks import (
     DEFAULT_CANCEL_CHECK_INTERVAL,
     DEFAULT_POLL_INTERVAL,
     submit_job,
-    submit_job_async,
     wait_for_job,
-    wait_for_job_async,
 )
 
 __all__ = ["JobResult", "cancel_flow_run_jobs", "run_job", "run_job_async"]
@@ -104,26 +102,11 @@ def run_job(
     return JobResult(handle, status)
 
 
-@flow(name="shipyard-run-job", validate_parameters=False, **_HOOKS)
-async def run_job_async(
-    app: Any,
-    scheduler: str | None = None,
-    cfg: Mapping[str, CfgVal] | None = None,
-    workspace: str | None = None,
-    timeout: float | None = None,
-    poll_interval: float = DEFAULT_POLL_INTERVAL,
-    stream_logs: bool = True,
-    cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
-    cluster: SlurmCluster | str | None = None,
-) -> JobResult:
-    """:func:`run_job` for async flows (same arguments, result and errors)."""
-    handle = await submit_job_async(app, scheduler, cfg, workspace, cluster=cluster)
-    status = await wait_for_job_async(
-        handle,
-        cluster=cluster,
-        timeout=timeout,
-        poll_interval=poll_interval,
-        stream_logs=stream_logs,
-        cancel_check_interval=cancel_check_interval,
+run_job_async = flow(name="shipyard-run-job", validate_parameters=False, **_HOOKS)(
+    async_twin(
+        run_job.fn,
+        """:func:`run_job` for async flows (same arguments, result and errors): its body runs in a
+        thread, and an interrupted flow (a timeout, a cancellation) cancels the job.""",
+        before=guard_flow_run,
     )
-    return JobResult(handle, status)
+)

@@ -7,7 +7,9 @@
 * :func:`guard_flow_run` covers the time between submitting and waiting: a SIGTERM guard and
   ``on_crashed`` / ``on_cancellation`` hooks that cancel the flow run's unfinished jobs (the jobs
   a flow run started in this process are tracked until they are seen final).
-* :func:`is_interrupt` tells what ends a run from outside from an ordinary error.
+* :func:`is_interrupt` tells what ends a run from outside from an ordinary error;
+  :func:`async_twin` makes a task's async twin, which runs the same body in a thread and tells
+  it of an interruption through :func:`interrupted`.
 
 Waiting on a job, following its logs and noticing that the run goes away are in
 :mod:`prefect_tasks.waiting`. Everything is addressed by app handle, so any process can pick a
@@ -16,17 +18,19 @@ job up again.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import contextvars
+import functools
 import hashlib
 import json
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 from core.runner import Runner, get_runner
 from core.specs import AppDef, AppHandle, AppState, Cfg
@@ -34,6 +38,7 @@ from core.specs import AppDef, AppHandle, AppState, Cfg
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: how many failed jobs of one task run are skipped before giving up looking for a live one
 MAX_GENERATIONS = 1000
@@ -389,22 +394,55 @@ def is_interrupt(exc: BaseException) -> bool:
     return not isinstance(exc, Exception) and not isinstance(exc, GeneratorExit)
 
 
-def start_in_thread(fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-    """Runs ``fn`` in a new daemon thread with a copy of the current context; returns its future.
+#: why the async twin whose thread runs the caller was interrupted (see :func:`async_twin`)
+_INTERRUPTED: contextvars.ContextVar[list[str]] = contextvars.ContextVar("shipyard_interrupted")
 
-    Unlike ``asyncio.to_thread`` the future's callbacks run even when the event loop is gone,
-    which lets an interrupted caller clean up after a call that was still in flight.
+
+def interrupted() -> str | None:
+    """Why the async twin running the caller in its thread was interrupted, or None.
+
+    Long calls check it where a sync task would get the interruption as an exception: a wait
+    then cancels its job, a submission cancels the job it made.
     """
-    future: concurrent.futures.Future[T] = concurrent.futures.Future()
-    ctx = contextvars.copy_context()
+    return next(iter(_INTERRUPTED.get([])), None)
 
-    def target() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
+
+def async_twin(
+    fn: Callable[P, T], doc: str, before: Callable[[], object] | None = None
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """An async function of ``fn``'s arguments that calls ``before()`` (on the event loop), runs
+    ``fn`` in a new daemon thread with a copy of the current context, and awaits it.
+
+    Interrupted (a timeout, a cancelled task), it tells ``fn`` through :func:`interrupted` and
+    blocks until ``fn`` has returned, so that the job is cancelled before the task is torn down
+    (awaiting would not do: a cancelled scope interrupts every later ``await``); then raises.
+    """
+
+    @functools.wraps(fn)
+    async def twin(*args: P.args, **kwargs: P.kwargs) -> T:
+        if before is not None:
+            before()
+        reasons: list[str] = []
+        ctx = contextvars.copy_context()
+        ctx.run(_INTERRUPTED.set, reasons)
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # so that it cannot be cancelled
+
+        def target() -> None:
+            try:
+                future.set_result(ctx.run(fn, *args, **kwargs))
+            except BaseException as e:
+                future.set_exception(e)
+
+        threading.Thread(target=target, daemon=True, name="shipyard-call").start()
         try:
-            future.set_result(ctx.run(fn))
+            return await asyncio.wrap_future(future)
         except BaseException as e:
-            future.set_exception(e)
+            if is_interrupt(e):
+                reasons.append(f"interrupted: {e!r}")
+                concurrent.futures.wait([future])  # blocking on purpose (see above)
+            raise
 
-    threading.Thread(target=target, daemon=True, name="shipyard-call").start()
-    return future
+    twin.__name__ = twin.__qualname__ = f"{fn.__name__}_async"
+    twin.__doc__ = doc
+    return twin

@@ -11,7 +11,8 @@ another needs.
   lines) for a job that did not succeed, and cancels the job when the run goes away: a task or
   flow timeout, a cancelled flow run, SIGTERM to the flow process, also for ``.submit()``-ed tasks.
   All the jobs waited on in a process are polled together (one backend call per round).
-* Each task has an ``async`` twin (``*_async``) for async flows; the sync tasks also work there.
+* Each task has an ``async`` twin (``*_async``) for async flows: the same body, run in a thread,
+  with the same cancellation (see ``jobs.async_twin``); the sync tasks also work there.
 
 Every task uses ``cache_policy=NO_CACHE``: submitting and cancelling are side effects that must
 never be skipped because an earlier run had the same inputs. Options such as ``retries`` and
@@ -20,13 +21,12 @@ never be skipped because an earlier run had the same inputs. Options such as ``r
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, ParamSpec, TypeVar
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from core.runner import Runner
@@ -60,6 +60,9 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_CANCEL_CHECK_INTERVAL = 5.0
 
 _fallback_log = logging.getLogger("prefect_tasks")
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
@@ -105,30 +108,18 @@ def _check_submit_args(scheduler: Any, cfg: Any, workspace: Any, idempotency_key
         raise ValueError(f"idempotency_key: expected a non-empty string, got {idempotency_key!r}")
 
 
-def _check_wait_args(timeout: Any, poll_interval: Any, cancel_check_interval: Any) -> None:
-    _check_positive(timeout, "timeout")
-    _check_positive(poll_interval, "poll_interval", allow_none=False)
-    _check_positive(cancel_check_interval, "cancel_check_interval")
+def _async_task(
+    sync_task: Task[P, T], doc: str, before: Callable[[], object] | None = None
+) -> Task[P, Coroutine[Any, Any, T]]:
+    """The async twin of ``sync_task``: the same body in a thread (see
+    :func:`prefect_tasks.jobs.async_twin`), under the same task name."""
+    twin = jobs.async_twin(sync_task.fn, doc, before)
+    return task(name=sync_task.name, cache_policy=NO_CACHE)(twin)
 
 
 # --------------------------------------------------------------------------------------------
 # submit
 # --------------------------------------------------------------------------------------------
-
-
-def _submit(
-    runner: Runner,
-    app: Any,
-    scheduler: str,
-    cfg: Cfg | None,
-    workspace: str | None,
-    idempotency_key: str | None,
-) -> AppHandle:
-    logger = _logger()
-    appdef = jobs.resolve_app(app)
-    key = idempotency_key or jobs.derive_idempotency_key(appdef, scheduler, cfg, workspace)
-    jobs.guard_flow_run()
-    return jobs.submit(runner, appdef, scheduler, cfg, workspace, key, logger)
 
 
 def _with_cluster(
@@ -172,47 +163,27 @@ def submit_job(
     backend = resolve_backend(scheduler, cfg)
     name, cfg = _with_cluster(backend.scheduler, backend.cfg, use_cluster(cluster))
     _check_submit_args(name, cfg, workspace, idempotency_key)
+    logger = _logger()
+    appdef = jobs.resolve_app(app)
+    key = idempotency_key or jobs.derive_idempotency_key(appdef, name, cfg, workspace)
+    jobs.guard_flow_run()
     with backend.runner() as runner:
-        return _submit(runner, app, name, cfg, workspace, idempotency_key)
+        handle = jobs.submit(runner, appdef, name, cfg, workspace, key, logger)
+        why = jobs.interrupted()  # the async twin, while the submission was in flight
+        if why:
+            jobs.cancel_quietly(runner, handle, logger, why)
+            raise jobs.JobCancelledError(handle, why)
+        return handle
 
 
-@task(name="shipyard-submit-job", cache_policy=NO_CACHE)
-async def submit_job_async(
-    app: Any,
-    scheduler: str | ShipyardBackend | None = None,
-    cfg: Cfg | None = None,
-    workspace: str | None = None,
-    idempotency_key: str | None = None,
-    cluster: SlurmCluster | str | None = None,
-) -> AppHandle:
+submit_job_async = _async_task(
+    submit_job,
     """:func:`submit_job` for async flows: the submission runs in a thread.
 
-    Interrupted while the submission is in flight, the job it makes is cancelled once it exists.
-    """
-    backend = await asyncio.to_thread(resolve_backend, scheduler, cfg)
-    cluster_name = await asyncio.to_thread(use_cluster, cluster)
-    name, cfg = _with_cluster(backend.scheduler, backend.cfg, cluster_name)
-    _check_submit_args(name, cfg, workspace, idempotency_key)
-    jobs.guard_flow_run()  # here: signal handlers can only be set from the main thread
-    runner = backend.runner()
-    future = jobs.start_in_thread(
-        lambda: _submit(runner, app, name, cfg, workspace, idempotency_key)
-    )
-    try:
-        return await asyncio.wrap_future(future)
-    except BaseException as e:
-        if jobs.is_interrupt(e):
-            logger = _logger()
-            why = f"interrupted while submitting: {e!r}"
-
-            def cleanup(f: Any) -> None:
-                if not f.cancelled() and f.exception() is None:
-                    jobs.cancel_quietly(runner, f.result(), logger, why)
-
-            future.add_done_callback(cleanup)
-        raise
-    finally:
-        future.add_done_callback(lambda _: runner.close())
+    Interrupted while the submission is in flight, it cancels the job it makes once it exists.
+    """,
+    before=jobs.guard_flow_run,  # here: signal handlers can only be set from the main thread
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,16 +196,6 @@ def _start_forwarder(runner: Runner, handle: AppHandle, **kwargs: Any) -> waitin
     forwarder = waiting.LogForwarder(runner, handle, lambda line: logger.info("%s", line), **kwargs)
     forwarder.start()
     return forwarder
-
-
-def _finish(
-    runner: Runner, handle: AppHandle, status: AppStatus | None, forwarder: Any
-) -> AppStatus:
-    if forwarder is not None:
-        forwarder.stop(waiting.LOG_DRAIN_TIMEOUT)
-    final = runner.check_succeeded(handle, status)  # raises AppFailedError
-    _logger().info("%s %s", handle, final.state.name)
-    return final
 
 
 @task(name="shipyard-wait-for-job", cache_policy=NO_CACHE)
@@ -272,13 +233,15 @@ def wait_for_job(
         JobCancelledError: the run went away and the job was cancelled.
     """
     _check_handle(handle)
-    _check_wait_args(timeout, poll_interval, cancel_check_interval)
+    _check_positive(timeout, "timeout")
+    _check_positive(poll_interval, "poll_interval", allow_none=False)
+    _check_positive(cancel_check_interval, "cancel_check_interval")
     logger = _logger()
     watch = waiting.CancelWatch(cancel_check_interval)
     with runner_for(cluster) as runner:
         forwarder = _start_forwarder(runner, handle) if stream_logs else None
         try:
-            status = waiting.wait_sync(
+            status = waiting.wait(
                 runner,
                 handle,
                 timeout=timeout,
@@ -287,45 +250,19 @@ def wait_for_job(
                 logger=logger,
                 cancel_on_timeout=cancel_on_timeout,
             )
-        except BaseException:
+            if forwarder is not None:  # its last lines
+                waiting.follow(forwarder, watch, waiting.LOG_DRAIN_TIMEOUT)
+        finally:
             if forwarder is not None:
                 forwarder.cancel()
-            raise
-        return _finish(runner, handle, status, forwarder)
+        final = runner.check_succeeded(handle, status)  # raises AppFailedError
+        logger.info("%s %s", handle, final.state.name)
+        return final
 
 
-@task(name="shipyard-wait-for-job", cache_policy=NO_CACHE)
-async def wait_for_job_async(
-    handle: AppHandle,
-    timeout: float | None = None,
-    poll_interval: float = DEFAULT_POLL_INTERVAL,
-    stream_logs: bool = True,
-    cancel_on_timeout: bool = True,
-    cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
-    cluster: SlurmCluster | ShipyardBackend | str | None = None,
-) -> AppStatus:
-    """:func:`wait_for_job` for async flows (same arguments, errors and cancellation)."""
-    _check_handle(handle)
-    _check_wait_args(timeout, poll_interval, cancel_check_interval)
-    logger = _logger()
-    watch = waiting.CancelWatch(cancel_check_interval)
-    with await asyncio.to_thread(runner_for, cluster) as runner:
-        forwarder = _start_forwarder(runner, handle) if stream_logs else None
-        try:
-            status = await waiting.wait_async(
-                runner,
-                handle,
-                timeout=timeout,
-                poll_interval=poll_interval,
-                watch=watch,
-                logger=logger,
-                cancel_on_timeout=cancel_on_timeout,
-            )
-        except BaseException:
-            if forwarder is not None:
-                forwarder.cancel()
-            raise
-        return await asyncio.to_thread(_finish, runner, handle, status, forwarder)
+wait_for_job_async = _async_task(
+    wait_for_job, ":func:`wait_for_job` for async flows (same arguments, errors and cancellation)."
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,80 +350,22 @@ def stream_job_logs(
             keep=max_lines,
         )
         try:
-            stopped = waiting.follow_sync(forwarder, watch, timeout)
+            stopped = waiting.follow(forwarder, watch, timeout)
         finally:
             forwarder.cancel()
-        return _log_result(forwarder, stopped)
-
-
-@task(name="shipyard-stream-job-logs", cache_policy=NO_CACHE)
-async def stream_job_logs_async(
-    handle: AppHandle,
-    role: str | None = None,
-    replica: int | None = None,
-    regex: str | None = None,
-    should_tail: bool = True,
-    timeout: float | None = None,
-    max_lines: int = 1000,
-    cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
-    cluster: SlurmCluster | ShipyardBackend | str | None = None,
-) -> list[str]:
-    """:func:`stream_job_logs` for async flows."""
-    _check_handle(handle)
-    _check_log_args(role, replica, regex, max_lines)
-    _check_positive(timeout, "timeout")
-    _check_positive(cancel_check_interval, "cancel_check_interval")
-    watch = waiting.CancelWatch(cancel_check_interval)
-    with await asyncio.to_thread(runner_for, cluster) as runner:
-        await asyncio.to_thread(_check_replica_exists, runner, handle, role, replica)
-        forwarder = _start_forwarder(
-            runner,
-            handle,
-            role=role,
-            replica=replica,
-            regex=regex,
-            should_tail=should_tail,
-            keep=max_lines,
-        )
-        try:
-            stopped = await waiting.follow_async(forwarder, watch, timeout)
-        finally:
-            forwarder.cancel()
-        return _log_result(forwarder, stopped)
-
-
-def _log_result(forwarder: waiting.LogForwarder, stopped: str | None) -> list[str]:
     if forwarder.error is not None:
         raise forwarder.error
     if stopped:
-        _logger().info("stopped following the logs of %s: %s", forwarder.handle, stopped)
+        _logger().info("stopped following the logs of %s: %s", handle, stopped)
     return list(forwarder.lines)
+
+
+stream_job_logs_async = _async_task(stream_job_logs, ":func:`stream_job_logs` for async flows.")
 
 
 # --------------------------------------------------------------------------------------------
 # cancel
 # --------------------------------------------------------------------------------------------
-
-
-def _cancel(handle: AppHandle, wait: bool, timeout: float, where: Any) -> AppStatus | None:
-    logger = _logger()
-    with runner_for(where) as runner:
-        runner.cancel(handle)
-        jobs.untrack(handle)
-        logger.info("cancel requested for %s", handle)
-        if not wait:
-            return runner.status(handle)
-        deadline = time.monotonic() + timeout
-        status = runner.status(handle)
-        while status is not None and not status.is_terminal():
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"app {handle} still {status.state.name} {timeout}s after cancel"
-                )
-            time.sleep(0.1)
-            status = runner.status(handle)
-        logger.info("%s is %s", handle, status.state.name if status else "gone")
-        return status
 
 
 @task(name="shipyard-cancel-job", cache_policy=NO_CACHE)
@@ -509,17 +388,25 @@ def cancel_job(
     """
     _check_handle(handle)
     _check_positive(timeout, "timeout", allow_none=False)
-    return _cancel(handle, wait, timeout, cluster)
+    logger = _logger()
+    with runner_for(cluster) as runner:
+        runner.cancel(handle)
+        jobs.untrack(handle)
+        logger.info("cancel requested for %s", handle)
+        deadline = time.monotonic() + timeout
+        status = runner.status(handle)
+        while wait and status is not None and not status.is_terminal():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"app {handle} still {status.state.name} {timeout}s after cancel"
+                )
+            if jobs.interrupted():
+                return status
+            time.sleep(0.1)
+            status = runner.status(handle)
+        if wait:
+            logger.info("%s is %s", handle, status.state.name if status else "gone")
+        return status
 
 
-@task(name="shipyard-cancel-job", cache_policy=NO_CACHE)
-async def cancel_job_async(
-    handle: AppHandle,
-    wait: bool = True,
-    timeout: float = 60.0,
-    cluster: SlurmCluster | ShipyardBackend | str | None = None,
-) -> AppStatus | None:
-    """:func:`cancel_job` for async flows."""
-    _check_handle(handle)
-    _check_positive(timeout, "timeout", allow_none=False)
-    return await asyncio.to_thread(_cancel, handle, wait, timeout, cluster)
+cancel_job_async = _async_task(cancel_job, ":func:`cancel_job` for async flows.")

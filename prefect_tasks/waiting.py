@@ -9,16 +9,16 @@
 * the status of every job waited on in the process is polled by :func:`core.polling.status_poller`
   (one ``status_many`` call per round; transient backend errors retried within the budget of
   :mod:`core.transient`).
-* :func:`wait_sync` / :func:`wait_async` follow the job to a final state and cancel it when they
-  are interrupted (task or flow timeout, cancellation, SIGTERM, Ctrl-C); :func:`follow_sync` /
-  :func:`follow_async` wait for a log forwarder the same way.
+* :func:`wait` follows the job to a final state and cancels it when it is interrupted (task or
+  flow timeout, cancellation, SIGTERM, Ctrl-C); :func:`follow` waits for a log forwarder the same
+  way. Both are sync: an async twin runs them in a thread (:func:`prefect_tasks.jobs.async_twin`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,12 +29,18 @@ from core.follow import DRAIN_TIMEOUT, END, LogFollower
 from core.polling import status_poller
 from core.runner import Runner
 from core.specs import AppHandle, AppStatus
-from prefect_tasks.jobs import JobCancelledError, cancel_quietly, is_interrupt, untrack
+from prefect_tasks.jobs import (
+    JobCancelledError,
+    cancel_quietly,
+    interrupted,
+    is_interrupt,
+    untrack,
+)
 
 log = logging.getLogger(__name__)
 
 #: longest uninterrupted sleep while waiting: bounds how late an injected exception (Prefect's
-#: timeout in a worker thread) or a set cancel event is noticed
+#: timeout in a worker thread), a set cancel event or an interrupted async twin is noticed
 _NAP = 0.2
 #: how long a finished job's log forwarder gets to deliver its last lines
 LOG_DRAIN_TIMEOUT = DRAIN_TIMEOUT
@@ -79,15 +85,18 @@ def task_cancel_event(task_runner: Any, task_run_id: Any) -> threading.Event | N
 class CancelWatch:
     """Tells a waiting task that its run is going away, so it must stop and cancel its job.
 
-    Three signals, captured from the Prefect context of the task when it is created:
+    Four signals, the first three captured from the Prefect context of the task when it is
+    created:
 
     * the cancel event Prefect's ``ThreadPoolTaskRunner`` gives every submitted task and sets in
       ``cancel_all()``: when the flow's task runner shuts down (flow timeout, flow failed or
-      returned while the task ran) and when the flow process got SIGTERM. Checked every nap.
+      returned while the task ran) and when the flow process got SIGTERM.
     * the flow's own ``timeout_seconds``, counted from the start of the flow run attempt
       (see :func:`_flow_deadline`).
     * the state of the flow run and of its parent flow runs in the API, every ``check_interval``
       seconds: a flow run that was cancelled (``Cancelling``/``Cancelled``) or already ended.
+    * the async twin running the wait in a thread being interrupted
+      (:func:`prefect_tasks.jobs.interrupted`).
 
     Tasks that run inline (not ``.submit()``-ed) get these interruptions as exceptions raised in
     their own thread instead; the API check covers a cancelled flow run for them too.
@@ -110,21 +119,13 @@ class CancelWatch:
         self.flow_deadline = _flow_deadline(fctx) if fctx is not None else None
         self._next_check = time.monotonic() + (check_interval or 0)
 
-    def local_reason(self) -> str | None:
-        """Why to stop, from in-process signals only (cheap: call it often)."""
+    def reason(self) -> str | None:
+        """Why to stop now, or None to keep waiting."""
         if self.event is not None and self.event.is_set():
             return "the flow's task runner shut down (flow timed out, ended or got SIGTERM)"
         if self.flow_deadline is not None and time.monotonic() >= self.flow_deadline[0]:
             return f"the flow run exceeded its timeout of {self.flow_deadline[1]}s"
-        return None
-
-    def api_due(self) -> bool:
-        """True when the flow run's state should be read from the API again."""
-        return (
-            self.flow_run_id is not None
-            and self.check_interval is not None
-            and time.monotonic() >= self._next_check
-        )
+        return interrupted() or self._api_reason()
 
     def _ancestors(self, client: Any) -> list[Any]:
         """The flow run and the flow runs above it (a subflow stops when its parent is cancelled)."""
@@ -138,10 +139,13 @@ class CancelWatch:
             ids.append(flow_run.id)
         return ids
 
-    def api_reason(self) -> str | None:
-        """Why to stop, from the state of the flow run and its parents in the API."""
-        assert self.check_interval is not None
-        self._next_check = time.monotonic() + self.check_interval
+    def _api_reason(self) -> str | None:
+        """Why to stop, from the state of the flow run and its parents in the API (read at most
+        every ``check_interval`` seconds)."""
+        now = time.monotonic()
+        if self.check_interval is None or self.flow_run_id is None or now < self._next_check:
+            return None
+        self._next_check = now + self.check_interval
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -160,22 +164,6 @@ class CancelWatch:
             if state is not None and (state.is_cancelling() or state.is_final()):
                 return f"flow run {run.name!r} is {state.name}"
         return None
-
-    def reason(self) -> str | None:
-        """Why to stop now, or None to keep waiting."""
-        return self.local_reason() or (self.api_reason() if self.api_due() else None)
-
-    def nap(self, seconds: float) -> None:
-        """Sleeps up to ``seconds`` in short slices, waking early when the cancel event is set."""
-        end = time.monotonic() + seconds
-        while True:
-            left = end - time.monotonic()
-            if left <= 0 or self.local_reason():
-                return
-            if self.event is not None:
-                self.event.wait(min(_NAP, left))
-            else:
-                time.sleep(min(_NAP, left))
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,9 +194,7 @@ class LogForwarder:
     ) -> None:
         self.handle = handle
         self.emit = emit
-        self.lines: collections.deque[str] = collections.deque(maxlen=keep or None)
-        self.keep = keep
-        self.count = 0
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
         self._follower = LogFollower(
             handle,
             self._take,
@@ -225,9 +211,7 @@ class LogForwarder:
             return
         text = str(item[1])
         self.emit(text)
-        self.count += 1
-        if self.keep:
-            self.lines.append(text)
+        self.lines.append(text)
 
     @property
     def error(self) -> BaseException | None:
@@ -250,48 +234,13 @@ class LogForwarder:
         """Stops at once (no more lines are emitted)."""
         self._follower.stop()
 
-    def stop(self, timeout: float) -> None:
-        """Waits up to ``timeout`` seconds for the last lines, then stops following."""
-        self._follower.join(timeout)
-        self._follower.stop()
-
 
 # --------------------------------------------------------------------------------------------
 # waiting
 # --------------------------------------------------------------------------------------------
 
 
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _timed_out(
-    runner: Runner,
-    handle: AppHandle,
-    timeout: float | None,
-    cancel_on_timeout: bool,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> TimeoutError:
-    msg = f"app {handle} still running after {timeout}s"
-    if cancel_on_timeout:
-        cancel_quietly(runner, handle, logger, f"wait timeout of {timeout}s")
-        msg += "; cancelled it"
-    return TimeoutError(msg)
-
-
-def _stop_reason(
-    watch: CancelWatch, deadline: float | None, timeout: float | None
-) -> tuple[str | None, bool]:
-    """``(reason, timed_out)``: why a wait must stop now (local signals and the deadline)."""
-    reason = watch.local_reason()
-    if reason:
-        return reason, False
-    if deadline is not None and time.monotonic() >= deadline:
-        return f"timeout of {timeout}s", True
-    return None, False
-
-
-def wait_sync(
+def wait(
     runner: Runner,
     handle: AppHandle,
     *,
@@ -304,16 +253,16 @@ def wait_sync(
     """Follows ``handle`` (through :func:`core.polling.status_poller`) until it is final;
     returns its status (None if the app is unknown).
 
-    Interrupted (see :func:`is_interrupt`) or told to stop by ``watch``, it cancels the job and
-    raises. Transient errors reading the status are retried (logged) within the retry budget of
-    :mod:`core.transient`; past it, or for another error, the wait fails and leaves the job
-    alone, so that a retry can pick it up again.
+    Interrupted (see :func:`~prefect_tasks.jobs.is_interrupt`) or told to stop by ``watch``, it
+    cancels the job and raises. Transient errors reading the status are retried (logged) within
+    the retry budget of :mod:`core.transient`; past it, or for another error, the wait fails and
+    leaves the job alone, so that a retry can pick it up again.
 
     Raises:
         TimeoutError: after ``timeout`` seconds (the job is cancelled if ``cancel_on_timeout``).
         JobCancelledError: when ``watch`` says the run is going away (the job is cancelled).
     """
-    deadline = _deadline(timeout)
+    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     try:
         with status_poller().watch(handle, poll_interval, logger, runner) as polled:
             while True:
@@ -321,11 +270,12 @@ def wait_sync(
                 if read and (status is None or status.is_terminal()):
                     untrack(handle)
                     return status
-                reason, timed_out = _stop_reason(watch, deadline, timeout)
-                if timed_out:
-                    raise _timed_out(runner, handle, timeout, cancel_on_timeout, logger)
-                if reason is None and watch.api_due():
-                    reason = watch.api_reason()
+                if time.monotonic() >= deadline:
+                    if not cancel_on_timeout:
+                        raise TimeoutError(f"app {handle} still running after {timeout}s")
+                    cancel_quietly(runner, handle, logger, f"wait timeout of {timeout}s")
+                    raise TimeoutError(f"app {handle} still running after {timeout}s; cancelled it")
+                reason = watch.reason()
                 if reason:
                     cancel_quietly(runner, handle, logger, reason)
                     raise JobCancelledError(handle, reason)
@@ -335,69 +285,14 @@ def wait_sync(
         raise
 
 
-async def wait_async(
-    runner: Runner,
-    handle: AppHandle,
-    *,
-    timeout: float | None,
-    poll_interval: float,
-    watch: CancelWatch,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    cancel_on_timeout: bool = True,
-) -> AppStatus | None:
-    """:func:`wait_sync` for async code: it awaits the poller on the event loop (the flow
-    run's API check runs in a thread).
-
-    Cancellation of the awaiting task (a Prefect timeout, a cancelled flow) cancels the job.
-    """
-    deadline = _deadline(timeout)
-    try:
-        with status_poller().watch(handle, poll_interval, logger, runner) as polled:
-            while True:
-                read, status = await polled.next_async(_NAP)
-                if read and (status is None or status.is_terminal()):
-                    untrack(handle)
-                    return status
-                reason, timed_out = _stop_reason(watch, deadline, timeout)
-                if timed_out:
-                    raise _timed_out(runner, handle, timeout, cancel_on_timeout, logger)
-                if reason is None and watch.api_due():
-                    reason = await asyncio.to_thread(watch.api_reason)
-                if reason:
-                    cancel_quietly(runner, handle, logger, reason)
-                    raise JobCancelledError(handle, reason)
-    except BaseException as e:
-        if is_interrupt(e):
-            # blocking on purpose: the cancel must be sent before the task is torn down
-            cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
-        raise
-
-
-def follow_sync(forwarder: LogForwarder, watch: CancelWatch, timeout: float | None) -> str | None:
+def follow(forwarder: LogForwarder, watch: CancelWatch, timeout: float | None) -> str | None:
     """Waits for ``forwarder`` to finish in short naps; returns why it stopped early, if it did."""
-    deadline = _deadline(timeout)
+    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     while forwarder.is_alive():
         reason = watch.reason()
         if reason:
             return reason
-        if deadline is not None and time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:
             return f"timeout of {timeout}s"
         forwarder.join(_NAP)
-    return None
-
-
-async def follow_async(
-    forwarder: LogForwarder, watch: CancelWatch, timeout: float | None
-) -> str | None:
-    """:func:`follow_sync` for async code."""
-    deadline = _deadline(timeout)
-    while forwarder.is_alive():
-        reason = watch.local_reason()
-        if reason is None and watch.api_due():
-            reason = await asyncio.to_thread(watch.api_reason)
-        if reason:
-            return reason
-        if deadline is not None and time.monotonic() >= deadline:
-            return f"timeout of {timeout}s"
-        await asyncio.sleep(_NAP)
     return None

@@ -72,10 +72,13 @@ def test_async_tasks_run_concurrently_and_cancel(name: str, tmp_path: Path) -> N
         out["failure"].result()
 
 
-@pytest.mark.parametrize("where", ["task timeout", "flow timeout"])
+@pytest.mark.parametrize("where", ["task timeout", "flow timeout", "run_job_async timeout"])
 def test_async_timeouts_cancel_the_job(name: str, tmp_path: Path, where: str) -> None:
     @flow(timeout_seconds=4 if where == "flow timeout" else None)
     async def times_out() -> Any:
+        if where == "run_job_async timeout":
+            subflow = run_job_async.with_options(timeout_seconds=4)
+            return await subflow(sleeper_app(name, tmp_path))
         handle = await submit_job_async(sleeper_app(name, tmp_path))
         if where == "task timeout":
             return await wait_for_job_async.with_options(timeout_seconds=4)(handle)
