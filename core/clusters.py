@@ -135,7 +135,7 @@ class ClusterConfig:
         return ClusterError(f"cluster {self.name!r}: {field}: {problem}")
 
     def _check(self) -> None:
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise ClusterError(
                 f"cluster name: expected letters, digits, '_', '.', '-' (at most 63), got"
                 f" {self.name!r}"

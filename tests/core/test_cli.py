@@ -272,6 +272,13 @@ def test_an_unreachable_backend_has_its_own_exit_code(tmp_path: Path) -> None:
     assert r.returncode == 75, (r.returncode, r.stderr)
     assert r.stderr.startswith("shipyard: error: backend unavailable")
     assert len(r.stderr.splitlines()) == 1 and "127.0.0.1:9" in r.stderr
+    # so does a submission, naming the setting
+    r = subprocess.run(
+        [SHIPYARD, "run", "-s", "slurm", "--cfg", "cluster=down", "--", "/bin/true"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert r.returncode == 75, (r.returncode, r.stderr)
+    assert "cluster 'down': rest_url: cannot reach http://127.0.0.1:9" in r.stderr, r.stderr
     assert "75" in sh("--help").stdout
 
 

@@ -240,7 +240,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         """
         request = dryrun_info.request
         app_id = request.app_id
-        if not _APP_ID_RE.match(app_id):
+        if not _APP_ID_RE.fullmatch(app_id):
             raise ValueError(f"app_id: expected letters, digits, '_', '.', '-', got {app_id!r}")
         root = ensure_apps_root()
         key = request.metadata.get(IDEMPOTENCY_KEY)
@@ -348,7 +348,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         Raises:
             UnsafeStateError: the state directory or the app's is not this user's alone.
         """
-        if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
+        if not isinstance(app_id, str) or not _APP_ID_RE.fullmatch(app_id):
             return None
         root = apps_root()
         app = AppDir(root, app_id)
@@ -414,7 +414,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
 
     def exists(self, app_id: str) -> bool:
         """True if an app with this id is in the state directory."""
-        if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
+        if not isinstance(app_id, str) or not _APP_ID_RE.fullmatch(app_id):
             return False
         return AppDir(apps_root(), app_id).has_record()
 
@@ -422,7 +422,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         """The local apps of this backend in the state directory, newest first."""
         root = apps_root()
         try:
-            names = [n for n in os.listdir(root) if _APP_ID_RE.match(n)]
+            names = [n for n in os.listdir(root) if _APP_ID_RE.fullmatch(n)]
         except FileNotFoundError:
             return []
         found = []
@@ -768,7 +768,7 @@ def _sweep(cutoff: float) -> None:
     """Removes the apps of any process that finished before ``cutoff``."""
     root = apps_root()
     try:
-        names = [n for n in os.listdir(root) if _APP_ID_RE.match(n)]
+        names = [n for n in os.listdir(root) if _APP_ID_RE.fullmatch(n)]
     except FileNotFoundError:
         return
     for name in names:

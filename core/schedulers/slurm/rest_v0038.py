@@ -37,7 +37,7 @@ def time_minutes(value: str) -> int | None:
     """sbatch's ``--time`` formats in whole minutes (rounded up); None for no limit."""
     if value.upper() in ("UNLIMITED", "INFINITE"):
         return None
-    m = _TIME_RE.match(value)
+    m = _TIME_RE.fullmatch(value)
     if not m:
         raise ValueError(f"cfg.time: cannot read {value!r}")
     days, a, b, c = m.groups()

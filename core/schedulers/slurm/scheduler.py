@@ -205,8 +205,11 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 client.partitions()
             self.default_dir(cluster)
         except TransportError as e:
+            # unreachable (after retries) is not a bad setting: the caller may try again later;
+            # the message still names the setting to check
             where = "rest_url" if config.transport == "rest" else "host"
-            raise ClusterError(f"cluster {cluster!r}: {where}: {e}") from None
+            detail = str(e).removeprefix(f"cluster {cluster!r}: ")
+            raise TransportError(f"cluster {cluster!r}: {where}: {detail}") from None
         self._probed.add(cluster)
 
     # -- options -----------------------------------------------------------------------------
@@ -746,13 +749,13 @@ def _validate_options(cfg: Mapping[str, CfgVal]) -> None:
                 f"cfg.{key}: expected a string without control characters, got {value!r}"
             )
     t = cfg.get("time")
-    if t and not (_TIME_RE.match(str(t)) or str(t).upper() in ("UNLIMITED", "INFINITE")):
+    if t and not (_TIME_RE.fullmatch(str(t)) or str(t).upper() in ("UNLIMITED", "INFINITE")):
         raise ValueError(
             "cfg.time: expected minutes, minutes:seconds, hours:minutes:seconds, days-hours,"
             f" days-hours:minutes or days-hours:minutes:seconds, got {t!r}"
         )
     part = cfg.get("partition")
-    if part and not _PARTITION_RE.match(str(part)):
+    if part and not _PARTITION_RE.fullmatch(str(part)):
         raise ValueError(
             f"cfg.partition: expected partition name(s) of letters, digits, '_', '.', '-', got {part!r}"
         )

@@ -68,14 +68,14 @@ def shell_quote(value: str, app_id_expr: str = _APP_ID_EXPR) -> str:
 
 def _sbatch_value(value: str) -> str:
     """Quotes a value for sbatch's own ``#SBATCH`` line parser (which honours ``"`` and ``\\``)."""
-    if _SAFE_SBATCH_RE.match(value):
+    if _SAFE_SBATCH_RE.fullmatch(value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def key_token(key: str) -> str:
     """How an idempotency key is stored in the job's comment (hashed unless plainly safe)."""
-    if _SAFE_KEY_RE.match(key):
+    if _SAFE_KEY_RE.fullmatch(key):
         return key
     return "sha256-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
 
