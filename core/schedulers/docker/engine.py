@@ -43,26 +43,28 @@ class DockerEngine:
         tls_ca_cert: the CA that signed the engine's certificate (a file or the PEM itself):
             the engine's certificate is checked against it (without it, against the system's)
         tls_client_cert: this client's certificate (a file or the PEM), for ``--tlsverify``
-        tls_client_key: its private key (a file or the PEM; kept as a :class:`Secret`)
+        tls_private_key: its private key (a file or the PEM; kept as a :class:`Secret`)
         registry: the registry to log in to (``host:port``; None: Docker's default one)
         registry_username: the registry user (with ``registry_password``)
         registry_password: the password or token (a :class:`Secret`)
         origin: where the settings come from, for error messages (``connection 'dk1'``)
 
-    Any TLS setting makes the connection TLS, with the engine's certificate verified.
+    Any TLS setting makes the connection TLS, with the engine's certificate verified. A plain
+    string given for ``tls_private_key`` or ``registry_password`` is wrapped in a
+    :class:`Secret`, so neither shows in ``repr``.
     """
 
     host: str | None = None
     tls_ca_cert: str | None = None
     tls_client_cert: str | None = None
-    tls_client_key: Secret | None = None
+    tls_private_key: Secret | None = None
     registry: str | None = None
     registry_username: str | None = None
     registry_password: Secret | None = None
     origin: str = "docker engine"
 
     def __post_init__(self) -> None:
-        for name in ("tls_client_key", "registry_password"):
+        for name in ("tls_private_key", "registry_password"):
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, Secret(value))
@@ -70,7 +72,7 @@ class DockerEngine:
     @property
     def uses_tls(self) -> bool:
         """Whether the engine is reached over TLS."""
-        return bool(self.tls_ca_cert or self.tls_client_cert or self.tls_client_key) or (
+        return bool(self.tls_ca_cert or self.tls_client_cert or self.tls_private_key) or (
             self.host or ""
         ).startswith("https://")
 
@@ -87,16 +89,16 @@ class DockerEngine:
             raise ValueError(
                 f"{where}docker_host: TLS settings need the engine's tcp:// URL, got {self.host!r}"
             )
-        if bool(self.tls_client_cert) != bool(self.tls_client_key):
-            raise ValueError(f"{where}tls_client_cert and tls_client_key: give both or neither")
+        if bool(self.tls_client_cert) != bool(self.tls_private_key):
+            raise ValueError(f"{where}tls_client_cert and tls_private_key: give both or neither")
         if bool(self.registry_username) != (self.registry_password is not None):
             raise ValueError(
                 f"{where}registry_username and registry_password: give both or neither"
             )
         for name in ("tls_ca_cert", "tls_client_cert"):
             _check_material(getattr(self, name), name, where)
-        key = self.tls_client_key
-        _check_material(key.get_secret_value() if key else None, "tls_client_key", where)
+        key = self.tls_private_key
+        _check_material(key.get_secret_value() if key else None, "tls_private_key", where)
 
 
 def connect(engine: DockerEngine | None = None, **kwargs: Any) -> Any:
@@ -140,7 +142,7 @@ def _client_args(engine: DockerEngine | None, files: list[str]) -> dict[str, Any
         return {"base_url": engine.host, "tls": False}
     ca = _material(engine.tls_ca_cert, "ca.pem", files)
     cert = _material(engine.tls_client_cert, "cert.pem", files)
-    key = engine.tls_client_key
+    key = engine.tls_private_key
     key_file = _material(key.get_secret_value() if key else None, "key.pem", files)
     client_cert = (cert, key_file) if cert and key_file else None
     return {"base_url": engine.host, "tls": TLSConfig(client_cert, ca_cert=ca, verify=True)}
@@ -193,7 +195,7 @@ def _tls_error(e: Exception, args: dict[str, Any], engine: DockerEngine | None) 
     if engine is None:
         origin, check = "DOCKER_HOST", "DOCKER_CERT_PATH's ca.pem, cert.pem and key.pem"
     else:
-        origin, check = engine.origin, "tls_ca_cert, tls_client_cert and tls_client_key"
+        origin, check = engine.origin, "tls_ca_cert, tls_client_cert and tls_private_key"
     return ValueError(
         f"{origin}: the TLS connection to the Docker engine at {args.get('base_url')} failed"
         f" (check {check}): {_reason(cause)}"
