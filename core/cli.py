@@ -373,18 +373,8 @@ def _epilog() -> str:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``shipyard`` argument parser."""
-    p = _Parser(
-        prog="shipyard",
-        description="Launch and follow multi-role jobs.",
-        epilog=_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--version", action=_VersionAction)
-    p.add_argument("-v", "--verbose", action="store_true", help="log what shipyard does")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-
+def _add_run_parser(sub: Any) -> None:
+    """``shipyard run``'s arguments."""
     run = sub.add_parser("run", help="submit an app (from a YAML file or an inline command)")
     run.add_argument("-s", "--scheduler", help="scheduler to run on (default: local_cwd)")
     run.add_argument("--cfg", help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`)")
@@ -418,6 +408,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--env", action="append", help="inline app: KEY=VALUE (repeatable)")
     run.add_argument("appfile", nargs="?", help="APP.yaml (or give an inline command after --)")
     run.set_defaults(func=_cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``shipyard`` argument parser."""
+    p = _Parser(
+        prog="shipyard",
+        description="Launch and follow multi-role jobs.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action=_VersionAction)
+    p.add_argument("-v", "--verbose", action="store_true", help="log what shipyard does")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    _add_run_parser(sub)
 
     st = sub.add_parser("status", help="show an app's state and replicas")
     st.add_argument("handle")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +53,8 @@ def check_max_silence(value: Any, where: str = "max_silence") -> float | None:
 
 
 class SilenceWatch:
-    """When each replica last printed, and which running ones are silent for too long.
+    """When each replica last printed, and which running ones are silent for too long (lines
+    may come from another thread than the statuses).
 
     Args:
         max_silence: seconds without a line after which a running replica is silent
@@ -64,36 +66,40 @@ class SilenceWatch:
         self._clock = clock
         self._last: dict[str, float] = {}
         self._lines: dict[str, collections.deque[str]] = {}
+        self._lock = threading.Lock()
 
     def saw(self, line: LogLine) -> None:
         """A line of its replica came now."""
         key = f"{line.role}/{line.replica}"
-        self._last[key] = self._clock()
-        self._lines.setdefault(key, collections.deque(maxlen=LAST_LINES)).append(
-            str(line.line).rstrip("\n")
-        )
+        with self._lock:
+            self._last[key] = self._clock()
+            self._lines.setdefault(key, collections.deque(maxlen=LAST_LINES)).append(
+                str(line.line).rstrip("\n")
+            )
 
     def silent(self, status: AppStatus | None) -> list[str]:
         """The running replicas (``role/k``) of ``status`` silent for ``max_silence``."""
         if status is None or status.state != AppState.RUNNING:
             return []
-        now = self._clock()
         out = []
-        for rs in status.roles:
-            for r in rs.replicas:
-                if r.state != AppState.RUNNING:
-                    continue
-                key = f"{rs.role}/{r.id}"
-                since = self._last.setdefault(key, now)  # first seen running: the clock starts
-                if now - since >= self.max_silence:
-                    out.append(key)
+        with self._lock:
+            now = self._clock()
+            for rs in status.roles:
+                for r in rs.replicas:
+                    if r.state != AppState.RUNNING:
+                        continue
+                    key = f"{rs.role}/{r.id}"
+                    since = self._last.setdefault(key, now)  # first seen running: clock starts
+                    if now - since >= self.max_silence:
+                        out.append(key)
         return out
 
     def message(self, handle: str, silent: list[str]) -> str:
         """What the waiter fails with: the silent replicas and their last lines."""
         parts = []
         for key in silent:
-            last = list(self._lines.get(key, ()))
+            with self._lock:
+                last = list(self._lines.get(key, ()))
             parts.append(f"{key}: " + (" | ".join(repr(x) for x in last) if last else "no line"))
         return (
             f"{handle}: cancelled: no log line for {self.max_silence:g}s from"

@@ -21,6 +21,8 @@ from prefect_tasks.jobs import JobCancelledError
 from prefect_tasks.tasks import (
     cancel_job,
     cancel_job_async,
+    get_job_result,
+    get_job_result_async,
     stream_job_logs,
     stream_job_logs_async,
     submit_job,
@@ -37,6 +39,8 @@ __all__ = [
     "cancel_flow_run_jobs",
     "cancel_job",
     "cancel_job_async",
+    "get_job_result",
+    "get_job_result_async",
     "run_job",
     "run_job_async",
     "stream_job_logs",

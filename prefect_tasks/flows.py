@@ -19,7 +19,7 @@ when it fails adds it itself::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow
@@ -30,6 +30,7 @@ from prefect_tasks.jobs import async_twin, cancel_flow_run_jobs, guard_flow_run
 from prefect_tasks.tasks import (
     DEFAULT_CANCEL_CHECK_INTERVAL,
     DEFAULT_POLL_INTERVAL,
+    get_job_result,
     submit_job,
     wait_for_job,
 )
@@ -39,10 +40,13 @@ __all__ = ["JobResult", "cancel_flow_run_jobs", "run_job", "run_job_async"]
 
 @dataclass(frozen=True)
 class JobResult:
-    """What :func:`run_job` returns: the job's handle and its final status."""
+    """What :func:`run_job` returns: the job's handle, its final status and what its replicas
+    wrote to ``$SHIPYARD_RESULT_FILE`` (``result``: ``{role: {replica id: value}}``, see
+    :func:`~prefect_tasks.tasks.get_job_result`)."""
 
     handle: AppHandle
     status: AppStatus
+    result: dict[str, dict[int, Any]] = field(default_factory=dict)
 
     @property
     def state(self) -> AppState:
@@ -99,7 +103,11 @@ def run_job(
         stream_logs=stream_logs,
         cancel_check_interval=cancel_check_interval,
     )
-    return JobResult(handle, status)
+    try:
+        result = get_job_result.fn(handle, cluster=cluster)
+    except NotImplementedError:  # a scheduler that collects no results
+        result = {}
+    return JobResult(handle, status, result)
 
 
 run_job_async = flow(name="shipyard-run-job", validate_parameters=False, **_HOOKS)(

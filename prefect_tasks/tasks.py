@@ -29,8 +29,10 @@ from typing import Any, ParamSpec, TypeVar
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
+from core.reports import usage_summary
 from core.runner import Runner
 from core.schedulers import get_scheduler_factories
+from core.silence import SilenceWatch, check_max_silence
 from core.specs import AppHandle, AppStatus, Cfg, parse_app_handle
 from prefect_tasks import jobs, waiting
 from prefect_tasks.blocks import (
@@ -46,6 +48,8 @@ __all__ = [
     "DEFAULT_CANCEL_CHECK_INTERVAL",
     "cancel_job",
     "cancel_job_async",
+    "get_job_result",
+    "get_job_result_async",
     "stream_job_logs",
     "stream_job_logs_async",
     "submit_job",
@@ -207,6 +211,7 @@ def wait_for_job(
     cancel_on_timeout: bool = True,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
     cluster: SlurmCluster | ShipyardBackend | str | None = None,
+    max_silence: float | None = None,
 ) -> AppStatus:
     """Waits for the job to end and returns its final status; raises if it did not succeed.
 
@@ -220,6 +225,12 @@ def wait_for_job(
             cancel the job when the flow run is cancelled (None: do not check)
         cluster: the :class:`~prefect_tasks.blocks.SlurmCluster` the job runs on, when it is
             one (another process than the submitter's needs its settings)
+        max_silence: seconds a running replica may go without a log line (with
+            ``stream_logs``); past that the job is cancelled and the task fails with
+            :class:`core.silence.JobSilentError` naming the silent replicas and their last lines
+
+    Once the job ended, what each replica used (wall and CPU time, peak memory) is in the log
+    and in a table artifact of the run.
 
     The job is cancelled when the wait is interrupted: a task or flow timeout, a cancelled flow
     run, SIGTERM to the flow process, also when this task was started with ``.submit()``. An
@@ -231,15 +242,18 @@ def wait_for_job(
             its state, exit codes and the last log lines of the replicas that did not succeed.
         TimeoutError: ``timeout`` passed.
         JobCancelledError: the run went away and the job was cancelled.
+        core.silence.JobSilentError: replicas were silent for ``max_silence`` seconds.
     """
     _check_handle(handle)
+    max_silence = check_max_silence(max_silence)
+    silence = SilenceWatch(max_silence) if max_silence and stream_logs else None
     _check_positive(timeout, "timeout")
     _check_positive(poll_interval, "poll_interval", allow_none=False)
     _check_positive(cancel_check_interval, "cancel_check_interval")
     logger = _logger()
     watch = waiting.CancelWatch(cancel_check_interval)
     with runner_for(cluster) as runner:
-        forwarder = _start_forwarder(runner, handle) if stream_logs else None
+        forwarder = _start_forwarder(runner, handle, silence=silence) if stream_logs else None
         try:
             status = waiting.wait(
                 runner,
@@ -249,15 +263,41 @@ def wait_for_job(
                 watch=watch,
                 logger=logger,
                 cancel_on_timeout=cancel_on_timeout,
+                silence=silence,
             )
             if forwarder is not None:  # its last lines
                 waiting.follow(forwarder, watch, waiting.LOG_DRAIN_TIMEOUT)
         finally:
             if forwarder is not None:
                 forwarder.cancel()
+        _report_usage(runner, handle, status, logger)
         final = runner.check_succeeded(handle, status)  # raises AppFailedError
         logger.info("%s %s", handle, final.state.name)
         return final
+
+
+def _report_usage(runner: Runner, handle: AppHandle, status: AppStatus | None, logger: Any) -> None:
+    """What the ended job's replicas used: a line each in the log, and a table artifact."""
+    if status is None or not status.is_terminal():
+        return
+    # asked again: a local replica's usage is recorded a moment after its end
+    status = runner.status(handle) or status
+    for line in usage_summary(status.roles):
+        logger.info("usage: %s", line)
+    rows = [
+        {"replica": f"{rs.role}/{r.id}", "state": r.state.name, "exit_code": r.exit_code,
+         **(r.usage.to_json() if r.usage is not None else {})}
+        for rs in status.roles
+        for r in rs.replicas
+    ]  # fmt: skip
+    if not any(r.usage is not None for rs in status.roles for r in rs.replicas):
+        return
+    try:
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(rows, description=f"Shipyard job {handle}: usage per replica")
+    except Exception as e:  # outside a run, or the API refused: the log has the figures
+        logger.debug("no usage artifact for %s: %s", handle, e)
 
 
 wait_for_job_async = _async_task(
@@ -410,3 +450,33 @@ def cancel_job(
 
 
 cancel_job_async = _async_task(cancel_job, ":func:`cancel_job` for async flows.")
+
+
+# --------------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------------
+
+
+@task(name="shipyard-get-job-result", cache_policy=NO_CACHE)
+def get_job_result(
+    handle: AppHandle, cluster: SlurmCluster | ShipyardBackend | str | None = None
+) -> dict[str, dict[int, Any]]:
+    """What the job's replicas wrote to ``$SHIPYARD_RESULT_FILE``, as ``{role: {replica id:
+    value}}`` (replica 0 of each role; every replica with the run option
+    ``result_replicas=all``). A replica's invalid or oversized result is a warning in the log,
+    naming it, and left out.
+
+    Raises:
+        ValueError: the app is unknown.
+        NotImplementedError: its scheduler does not collect results.
+    """
+    _check_handle(handle)
+    logger = _logger()
+    with runner_for(cluster) as runner:
+        result = runner.result(handle)
+    for error in result.errors:
+        logger.warning("result: %s", error)
+    return result.values()
+
+
+get_job_result_async = _async_task(get_job_result, ":func:`get_job_result` for async flows.")

@@ -28,6 +28,7 @@ from typing import Any
 from core.follow import DRAIN_TIMEOUT, END, LogFollower
 from core.polling import status_poller
 from core.runner import Runner
+from core.silence import JobSilentError, SilenceWatch
 from core.specs import AppHandle, AppStatus
 from prefect_tasks.jobs import (
     JobCancelledError,
@@ -191,9 +192,11 @@ class LogForwarder:
         regex: str | None = None,
         should_tail: bool = True,
         keep: int = 0,
+        silence: SilenceWatch | None = None,
     ) -> None:
         self.handle = handle
         self.emit = emit
+        self.silence = silence
         self.lines: collections.deque[str] = collections.deque(maxlen=keep)
         self._follower = LogFollower(
             handle,
@@ -212,6 +215,8 @@ class LogForwarder:
         text = str(item[1])
         self.emit(text)
         self.lines.append(text)
+        if self.silence is not None:
+            self.silence.saw(item[1])
 
     @property
     def error(self) -> BaseException | None:
@@ -249,6 +254,7 @@ def wait(
     watch: CancelWatch,
     logger: logging.Logger | logging.LoggerAdapter[Any],
     cancel_on_timeout: bool = True,
+    silence: SilenceWatch | None = None,
 ) -> AppStatus | None:
     """Follows ``handle`` (through :func:`core.polling.status_poller`) until it is final;
     returns its status (None if the app is unknown).
@@ -261,6 +267,8 @@ def wait(
     Raises:
         TimeoutError: after ``timeout`` seconds (the job is cancelled if ``cancel_on_timeout``).
         JobCancelledError: when ``watch`` says the run is going away (the job is cancelled).
+        core.silence.JobSilentError: replicas printed nothing for ``silence.max_silence``
+            seconds (the job is cancelled; the message names them, with their last lines).
     """
     deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     try:
@@ -279,6 +287,11 @@ def wait(
                 if reason:
                     cancel_quietly(runner, handle, logger, reason)
                     raise JobCancelledError(handle, reason)
+                silent = silence.silent(status) if read and silence is not None else []
+                if silent:
+                    message = silence.message(handle, silent)  # type: ignore[union-attr]
+                    cancel_quietly(runner, handle, logger, "max_silence")
+                    raise JobSilentError(message, handle, silent)
     except BaseException as e:
         if is_interrupt(e):
             cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
