@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.appfile import app_from_dict, app_from_yaml, load_app
 from core.runner import Runner, get_runner
 from core.specs import AppDef, AppState, Role
+
+if TYPE_CHECKING:
+    from core.schedulers.docker.engine import DockerEngine
 
 #: file name endings of app files (Jinja-templated like any Airflow template file)
 APP_FILE_EXTS = (".yaml", ".yml")
@@ -21,9 +24,14 @@ TERMINAL_STATES = frozenset(
 )
 
 
-def make_runner(session_name: str | None = None) -> Runner:
-    """A runner for ``session_name`` (default ``$SHIPYARD_SESSION`` or ``shipyard``)."""
-    return get_runner(session_name)
+def make_runner(session_name: str | None = None, engine: DockerEngine | None = None) -> Runner:
+    """A runner for ``session_name`` (default ``$SHIPYARD_SESSION`` or ``shipyard``), whose
+    ``local_docker`` connects to ``engine`` (a connection's Docker engine) when given."""
+    if engine is None:
+        return get_runner(session_name)
+    from airflow_provider.hooks.shipyard import docker_scheduler_factories
+
+    return get_runner(session_name, scheduler_factories=docker_scheduler_factories(engine))
 
 
 def idempotency_key(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     import jinja2
     from airflow.sdk import Context
 
+    from core.schedulers.docker.engine import DockerEngine
+
 __all__ = ["ShipyardJobFailedError", "ShipyardOperator"]
 
 # what the status poller puts in the log queue when the app has a new status
@@ -171,6 +173,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self._submit_key: str | None = None
         self._result: AppHandle | None = None
         self._silence: SilenceWatch | None = None
+        self._engine: DockerEngine | None = None
 
     # -- templating --------------------------------------------------------------------------
 
@@ -230,7 +233,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         if not self.shipyard_conn_id:
             return None, {}
         if self._conn_settings is None:
-            scheduler, cfg, _ = ShipyardHook(self.shipyard_conn_id).settings()
+            hook = ShipyardHook(self.shipyard_conn_id)
+            scheduler, cfg, _ = hook.settings()
+            self._engine = hook.docker_engine()
             self._conn_settings = (scheduler, cfg)
         return self._conn_settings
 
@@ -243,8 +248,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         return {**self._connection()[1], **self.cfg}
 
     def _runner(self) -> Runner:
+        """A runner for the task's session that reaches the connection's backend."""
         self._connection()
-        return make_runner(self.session_name)
+        return make_runner(self.session_name, self._engine)
 
     def _app_def(self) -> AppDef:
         return to_app_def(self.app, self.env)
@@ -448,9 +454,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         lines: queue.Queue[Any] = queue.Queue()
         cursor = LogCursor()
         self._silence = SilenceWatch(self.max_silence) if self.max_silence else None
-        follower = LogFollower(
-            handle, lines.put, runner_factory=lambda: make_runner(self.session_name)
-        ).start()
+        follower = LogFollower(handle, lines.put, runner_factory=self._runner).start()
         ended = False
         try:
             with status_poller().watch(handle, self.poll_interval, self.log, runner) as watch:

@@ -19,6 +19,9 @@ from core.transient import call_with_retries
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from core.runner import Runner
+    from core.schedulers.docker.engine import DockerEngine
+
 __all__ = ["ShipyardJobSensor"]
 
 
@@ -74,6 +77,8 @@ class ShipyardJobSensor(BaseSensorOperator):
         self.deferrable = deferrable
         self.shipyard_conn_id = shipyard_conn_id
         self.stream_logs = stream_logs
+        self._engine: DockerEngine | None = None
+        self._connected = False
 
     @staticmethod
     def _states_or_template(states: Iterable[Any] | str, field: str) -> list[str]:
@@ -93,9 +98,7 @@ class ShipyardJobSensor(BaseSensorOperator):
         handle = str(self.app_handle).strip()
         parse_app_handle(handle)  # a malformed handle fails with the reason
         targets, failures = self._checked_states()
-        if self.shipyard_conn_id:
-            ShipyardHook(self.shipyard_conn_id).settings()  # its cluster, known here
-        with make_runner() as runner:
+        with self._runner() as runner:
             # a transient failure is retried within the budget (core.transient), then fails
             status = call_with_retries(lambda: runner.status(handle), f"status of {handle}")
         if status is None:
@@ -157,10 +160,18 @@ class ShipyardJobSensor(BaseSensorOperator):
             f"app {event.get('app_handle')} is {state}, not one of {self.target_states}"
         )
 
+    def _runner(self) -> Runner:
+        """A runner that reaches the connection's backend (its cluster registered here, its
+        Docker engine used)."""
+        if self.shipyard_conn_id and not self._connected:
+            self._engine = ShipyardHook(self.shipyard_conn_id).docker_engine()
+            self._connected = True
+        return make_runner(engine=self._engine)
+
     def _log_lines(self, handle: str, cursor: LogCursor) -> None:
         """Logs the app's lines after ``cursor`` (those not in the task log yet)."""
         try:
-            with make_runner() as runner:
+            with self._runner() as runner:
                 for _, line in lines_after(runner, handle, cursor):
                     self.log.info("%s", line)
         except Exception as e:

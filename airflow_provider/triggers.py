@@ -17,20 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook, BaseXCom
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
-from airflow_provider.hooks.shipyard import connection_settings
+from airflow_provider.hooks.shipyard import connection_settings, docker_engine_from_connection
 from core.clusters import register_cluster
 from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import StatusWatch, status_poller
-from core.runner import LogLine
+from core.runner import LogLine, Runner
 from core.silence import SilenceWatch, check_max_silence
 from core.specs import AppHandle, AppStatus, parse_app_handle
+
+if TYPE_CHECKING:
+    from core.schedulers.docker.engine import DockerEngine
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,7 @@ class ShipyardJobTrigger(BaseTrigger):
         self.shipyard_conn_id = shipyard_conn_id
         self.log_cursor = LogCursor(log_cursor).to_dict()
         self.max_silence = check_max_silence(max_silence)
+        self._engine: DockerEngine | None = None  # the connection's, found in the triggerer
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -116,11 +120,18 @@ class ShipyardJobTrigger(BaseTrigger):
             _, _, cluster = connection_settings(conn)
             if cluster is not None:
                 register_cluster(cluster)
+            self._engine = docker_engine_from_connection(conn)
+
+    def _runner(self) -> Runner:
+        """A runner that reaches the connection's backend."""
+        return make_runner(engine=self._engine)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         await self._use_connection()
         stream = await self._open_stream() if self.stream_logs else None
-        watch = status_poller().watch(self.app_handle, self.poll_interval, self.log)
+        # a connection's own Docker engine is polled through a runner of its own
+        runner = self._runner() if self._engine is not None else None
+        watch = status_poller().watch(self.app_handle, self.poll_interval, self.log, runner)
         if stream is not None:
             watch.add_listener(stream.wake)
         try:
@@ -151,6 +162,8 @@ class ShipyardJobTrigger(BaseTrigger):
                 return
         finally:
             watch.close()
+            if runner is not None:
+                runner.close()
             if stream is not None:
                 stream.stop()
                 await stream.checkpoint()
@@ -159,7 +172,7 @@ class ShipyardJobTrigger(BaseTrigger):
         """Cancels the app whose replicas are silent; the failure event names them."""
         message = stream.silence_message(silent)
         self.log.error("%s", message)
-        await asyncio.to_thread(_cancel, self.app_handle)
+        await asyncio.to_thread(_cancel, self._runner, self.app_handle)
         event = self._event("failure", "CANCELLED", message, stream)
         event.payload["silent"] = silent
         return event
@@ -170,7 +183,7 @@ class ShipyardJobTrigger(BaseTrigger):
         if checkpoint is not None:
             cursor = cursor.merged(await checkpoint.load())
         silence = SilenceWatch(self.max_silence) if self.max_silence else None
-        stream = _LogStream(self.app_handle, self.log, cursor, checkpoint, silence)
+        stream = _LogStream(self.app_handle, self.log, cursor, checkpoint, silence, self._runner)
         if cursor.total:
             self.log.info("resuming the logs of %s after %d lines", self.app_handle, cursor.total)
         stream.start()
@@ -215,11 +228,11 @@ class ShipyardJobTrigger(BaseTrigger):
         """The deferred task was killed (marked failed, cleared, ...): cancel its app."""
         self.log.info("cancelling %s", self.app_handle)
         await self._use_connection()
-        await asyncio.to_thread(_cancel, self.app_handle)
+        await asyncio.to_thread(_cancel, self._runner, self.app_handle)
 
 
-def _cancel(handle: AppHandle) -> None:
-    with make_runner() as runner:
+def _cancel(make: Callable[[], Runner], handle: AppHandle) -> None:
+    with make() as runner:
         runner.cancel(handle)
 
 
@@ -293,15 +306,17 @@ class _LogStream:
         cursor: LogCursor,
         checkpoint: _Checkpoint | None,
         silence: SilenceWatch | None = None,
+        make: Callable[[], Runner] = make_runner,
     ) -> None:
         self._handle = handle
         self._silence = silence
+        self._make = make
         self._log = logger
         self.cursor = cursor
         self._checkpoint = checkpoint
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._follower = LogFollower(handle, self._hand_over, cursor, make_runner)
+        self._follower = LogFollower(handle, self._hand_over, cursor, make)
         self.ended = False
 
     def _hand_over(self, item: Any) -> None:  # in the follower's thread
@@ -379,7 +394,7 @@ class _LogStream:
         await self.checkpoint()
 
     def _lines_after(self, cursor: LogCursor) -> list[tuple[int, LogLine]]:
-        with make_runner() as runner:
+        with self._make() as runner:
             return lines_after(runner, self._handle, cursor)
 
     async def checkpoint(self) -> None:

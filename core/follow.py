@@ -165,8 +165,8 @@ class LogFollower:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _wait_for_replicas(self) -> None:
-        with status_poller().watch(self.handle, 1.0) as watch:
+    def _wait_for_replicas(self, runner: Runner) -> None:
+        with status_poller().watch(self.handle, 1.0, runner=runner) as watch:
             while not self._stop.is_set():
                 fresh, status = watch.next(0.2)
                 if fresh and (status is None or status.is_terminal() or status.roles):
@@ -191,7 +191,7 @@ class LogFollower:
         runner = self._runner_factory()
         try:
             if self._should_tail:
-                self._wait_for_replicas()
+                self._wait_for_replicas(runner)
             for line in self._lines(runner):
                 if self._stop.is_set():
                     break

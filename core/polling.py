@@ -59,6 +59,8 @@ class StatusWatch:
     poll_interval: float
     #: where this waiter wants to hear of retried failures (e.g. a task's run logger)
     logger: Warns = log
+    #: the waiter's own runner, when the app must be polled through it (None: the poller's)
+    runner: Runner | None = None
     _taken: int = 0
     _listeners: list[Callable[[], None]] = field(default_factory=list)
 
@@ -138,7 +140,6 @@ class _Polled:
     """The poller's state of one watched app."""
 
     budget: RetryBudget
-    runner: Runner | None = None  # None: the poller's own
     watches: list[StatusWatch] = field(default_factory=list)
     next_at: float = 0.0
     delay: float = FIRST_DELAY
@@ -148,6 +149,12 @@ class _Polled:
     @property
     def interval(self) -> float:
         return min(w.poll_interval for w in self.watches)
+
+    @property
+    def runner(self) -> Runner | None:
+        """A watcher's own runner (one made for a remote Docker engine), while one watches;
+        None: the poller's own."""
+        return next((w.runner for w in self.watches if w.runner is not None), None)
 
 
 class StatusPoller:
@@ -186,14 +193,14 @@ class StatusPoller:
         """
         if poll_interval <= 0:
             raise ValueError(f"poll_interval: expected a positive number, got {poll_interval!r}")
-        watch = StatusWatch(self, handle, float(poll_interval), logger or log)
+        theirs = None if runner is None or runner.uses_defaults else runner
+        watch = StatusWatch(self, handle, float(poll_interval), logger or log, theirs)
         with self.lock:
             polled = self._polled.get(handle)
             if polled is None:
                 seconds = retry_budget() if self._budget is None else self._budget
                 budget = RetryBudget(f"status of {handle}", seconds)
-                theirs = None if runner is None or runner.uses_defaults else runner
-                polled = self._polled[handle] = _Polled(budget, theirs)
+                polled = self._polled[handle] = _Polled(budget)
             polled.watches.append(watch)
             polled.next_at = 0.0  # a new waiter wants an answer now
             polled.delay = FIRST_DELAY

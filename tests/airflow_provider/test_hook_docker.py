@@ -188,3 +188,53 @@ def test_the_connection_form_has_the_docker_fields() -> None:
     assert set(DOCKER_EXTRAS) <= set(fields)
     assert fields["tls_private_key"]["schema"]["format"] == "password"
     assert "registry" in conn_type["ui-field-behaviour"]["relabeling"]["password"]
+
+
+def test_operator_trigger_and_sensor_use_the_connections_engine(
+    worker: str,
+    remote_image: str,  # noqa: F811
+    handles: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's own engine is unreachable: the task, its deferred wait and a sensor on the
+    job reach the job through the connection's engine only."""
+    import asyncio
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_provider.operators import ShipyardOperator
+    from airflow_provider.sensors import ShipyardJobSensor
+    from tests.airflow_provider.helpers import StateStoreStub, TaskInstanceStub, context
+
+    conn_id = _connection(monkeypatch, worker)
+    app = AppDef(
+        "opengine",
+        [Role("r", image=remote_image, entrypoint="sh", args=["-c", "echo hi; sleep 1"])],
+    )
+    blocking = ShipyardOperator(
+        task_id="job", app=app, shipyard_conn_id=conn_id, cfg={"pull": "always"}, poll_interval=0.2
+    )
+    ti = TaskInstanceStub()
+    handle = blocking.execute(context(ti, StateStoreStub()))
+    handles.append(handle)
+    assert ti.xcoms["state"] == "SUCCEEDED"
+
+    deferred = ShipyardOperator(
+        task_id="job2", app=app, shipyard_conn_id=conn_id, deferrable=True, poll_interval=0.2
+    )
+    ti2 = TaskInstanceStub()
+    with pytest.raises(TaskDeferred) as info:
+        deferred.execute(context(ti2, StateStoreStub()))
+    trigger = info.value.trigger
+    handles.append(trigger.app_handle)
+
+    async def first_event() -> Any:
+        return await anext(trigger.run())
+
+    event = asyncio.run(first_event())
+    assert event.payload["status"] == "success", event.payload
+    assert event.payload["log_lines"] == 1  # the trigger read the job's log on that engine
+    assert deferred.execute_complete(context(ti2), event.payload) == trigger.app_handle
+
+    sensor = ShipyardJobSensor(task_id="wait", app_handle=handle, shipyard_conn_id=conn_id)
+    assert sensor.poke(context(TaskInstanceStub())).is_done  # type: ignore[union-attr]
