@@ -157,6 +157,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from core.runner import get_runner
 
     app = _load_app(args)
+    if args.max_silence is not None:
+        from core.silence import check_max_silence
+
+        check_max_silence(args.max_silence, "--max-silence")
     with get_runner() as runner:
         scheduler = args.scheduler or runner.scheduler_backends()[0]
         if scheduler not in runner.scheduler_backends():
@@ -173,10 +177,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return EXIT_OK
         handle = runner.run(app, scheduler, cfg, args.workspace)
         print(handle, flush=True)
-        if not (args.wait or args.log):
+        if not (args.wait or args.log or args.max_silence is not None):
             return EXIT_OK
         try:
-            if args.log:
+            if args.max_silence is not None:
+                status = _wait_unless_silent(runner, handle, args)
+            elif args.log:
                 for line in runner.stream_logs(handle, should_tail=True):
                     print(str(line), flush=True)
                 status = runner.wait(handle, wait_interval=0.2)
@@ -191,6 +197,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return EXIT_APP_FAILED
         _print_status(handle, status, _result(runner, handle))
         return EXIT_OK if status.state == AppState.SUCCEEDED else EXIT_APP_FAILED
+
+
+def _wait_unless_silent(runner: Runner, handle: str, args: argparse.Namespace) -> AppStatus | None:
+    """``--max-silence``: waits (printing the lines with ``--log``) and cancels the app once a
+    running replica printed nothing for that long (exit 1, the message naming it)."""
+    from core.silence import JobSilentError, check_max_silence, wait_unless_silent
+
+    limit = check_max_silence(args.max_silence, "--max-silence")
+    assert limit is not None
+    show = (lambda line: print(str(line), flush=True)) if args.log else None
+    try:
+        return wait_unless_silent(runner, handle, limit, show, poll_interval=min(1.0, limit / 4))
+    except JobSilentError as e:
+        print(f"shipyard: {e}", file=sys.stderr)
+        return runner.wait(handle, wait_interval=0.2)
 
 
 def _wait_showing_progress(runner: Runner, handle: str, mode: str) -> AppStatus | None:
@@ -400,6 +421,13 @@ def _add_run_parser(sub: Any) -> None:
     )
     run.add_argument(
         "--log", action="store_true", help="stream the logs of every replica (implies --wait)"
+    )
+    run.add_argument(
+        "--max-silence",
+        type=float,
+        metavar="SECONDS",
+        help="cancel the app once a running replica printed no line for that long (a hung"
+        " collective); implies --wait",
     )
     run.add_argument("--name", help="app name (default: from the file or the command)")
     run.add_argument("--role-name", help="inline app: role name")

@@ -19,10 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from core.runner import LogLine
-from core.specs import AppState, AppStatus
+from core.follow import END, LogFollower
+from core.polling import status_poller
+from core.runner import LogLine, Runner, get_runner
+from core.specs import AppHandle, AppState, AppStatus
 
-__all__ = ["JobSilentError", "SilenceWatch", "check_max_silence"]
+__all__ = ["JobSilentError", "SilenceWatch", "check_max_silence", "wait_unless_silent"]
 
 #: the last lines of each replica a message quotes
 LAST_LINES = 3
@@ -105,3 +107,42 @@ class SilenceWatch:
             f"{handle}: cancelled: no log line for {self.max_silence:g}s from"
             f" {', '.join(silent)} (max_silence); last lines: " + "; ".join(parts)
         )
+
+
+def wait_unless_silent(
+    runner: Runner,
+    handle: AppHandle,
+    max_silence: float,
+    on_line: Callable[[LogLine], None] | None = None,
+    poll_interval: float = 1.0,
+    runner_factory: Callable[[], Runner] = get_runner,
+) -> AppStatus | None:
+    """Waits for the app to end (its final status; None if it is unknown) while following its
+    logs (each line also to ``on_line``, from the follower's thread).
+
+    Raises:
+        JobSilentError: running replicas printed nothing for ``max_silence`` seconds; the app
+            was cancelled.
+    """
+    silence = SilenceWatch(max_silence)
+
+    def sink(item: Any) -> None:
+        if item is not END:
+            silence.saw(item[1])
+            if on_line is not None:
+                on_line(item[1])
+
+    follower = LogFollower(handle, sink, runner_factory=runner_factory).start()
+    try:
+        with status_poller().watch(handle, poll_interval, runner=runner) as watch:
+            while True:
+                fresh, status = watch.next(poll_interval)
+                if fresh and (status is None or status.is_terminal()):
+                    follower.join(30.0)  # its last lines
+                    return status
+                silent = silence.silent(status) if fresh else []
+                if silent:
+                    runner.cancel(handle)
+                    raise JobSilentError(silence.message(handle, silent), handle, silent)
+    finally:
+        follower.stop()

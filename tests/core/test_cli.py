@@ -373,3 +373,14 @@ def test_run_check_lists_every_problem_and_starts_nothing(tmp_path: Path) -> Non
     ok = sh("run", "--check", "--", "sh", "-c", "touch started", cwd=tmp_path)
     assert ok.returncode == 0 and ok.stdout.splitlines()[-1] == "local_cwd: no problems", ok
     assert not (tmp_path / "started").exists()
+
+
+def test_run_max_silence_cancels_a_silent_app(tmp_path: Path) -> None:
+    r = sh("run", "--max-silence", "2", "--log", "--", "sh", "-c", "echo started; exec sleep 300",
+           cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "sh/0 started" in r.stdout.splitlines()
+    assert "no log line for 2s from sh/0 (max_silence); last lines: sh/0: 'started'" in r.stderr
+    assert "State: CANCELLED" in r.stdout
+    bad = sh("run", "--max-silence", "0", "--", "true", cwd=tmp_path)
+    assert bad.returncode == 2 and "--max-silence: expected a positive number" in bad.stderr
