@@ -24,14 +24,13 @@ from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role, RoleSta
 from prefect_tasks.blocks import ShipyardBackend, resolve_backend
 from prefect_tasks.worker import (
     ROLE,
-    JobOutput,
-    OutputCheckpoints,
     ShipyardJobConfiguration,
     ShipyardWorker,
     exit_code,
     flow_run_app,
     idempotency_key,
 )
+from prefect_tasks.worker_output import JobOutput, OutputCheckpoints
 
 
 def flow_run(name: str = "brave-otter") -> Any:
