@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -650,6 +651,42 @@ def test_log_iter_tails_until_the_job_ends(cluster: Cluster, tmp_path: Path) -> 
     assert lines == [f"line {i}\n" for i in range(1, 6)]
     d = cluster.sched.describe(job_id)
     assert d is not None and is_terminal(d.state)
+
+
+def test_tails_of_running_jobs_share_their_end_checks(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three jobs tailed at once, quiet for ~4 s then printing: the tails ask the controller
+    whether their jobs ended together, about once a second (was once a second each)."""
+    app = AppDef("tails", [Role("w", entrypoint="/bin/sh", args=_sh("sleep 4; echo done"))])
+    ids = [cluster.submit(app) for _ in range(3)]
+    for job_id in ids:
+        cluster.wait_state(job_id, {AppState.RUNNING, AppState.SUCCEEDED})
+    client = cluster.sched.client(cluster.name)
+    asked: list[list[str]] = []
+    real = client.controller_jobs
+
+    def spy(job_ids: list[str]) -> Any:
+        asked.append(list(job_ids))
+        return real(job_ids)
+
+    monkeypatch.setattr(client, "controller_jobs", spy)
+    got: dict[str, list[str]] = {}
+
+    def tail(job_id: str) -> None:
+        got[job_id] = list(cluster.sched.log_iter(job_id, "w", 0, should_tail=True))
+
+    threads = [threading.Thread(target=tail, args=(j,)) for j in ids]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    seconds = time.monotonic() - started
+    assert all(got[j] == ["done\n"] for j in ids), got
+    # about one round a second for all three (the first few rounds find the tails one by one)
+    assert len(asked) <= seconds + 4, (len(asked), seconds, asked)
+    assert max(len(a) for a in asked) == 3, asked
 
 
 def test_describe_many_is_one_controller_call(

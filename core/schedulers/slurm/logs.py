@@ -1,16 +1,19 @@
-"""Reading a replica's log file from the cluster's :class:`Files`, once or following it."""
+"""Reading a replica's log file from the cluster's :class:`Files`, once or following it; whether
+the tailed jobs ended, asked for all of them at once (:class:`TailChecks`)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from core.schedulers.slurm.transport import Files, Reader, TransportError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["read_lines"]
+__all__ = ["TailChecks", "read_lines"]
 
 #: bytes asked for per read: a 200k-line log (16 MB) is read in two calls, and only once; 8 MiB
 #: (not 1) keeps the remote bench rows' log_iter within 1.3x of `cat` over ssh
@@ -85,3 +88,48 @@ def _chunks(files: Files, path: str, ended: Callable[[], bool] | None) -> Iterat
     finally:
         if reader is not None:
             reader.close()
+
+
+class TailChecks:
+    """Whether jobs whose logs are being tailed ended, for every tail of a scheduler: one
+    ``describe_many`` of all the jobs tailed lately per round, at most one round per
+    ``period`` (a tail asks about once a second; 100 tails of running jobs were 100 ``squeue``
+    calls a second, now 1).
+
+    Args:
+        describe_many: the scheduler's, ``{app_id: DescribeAppResponse | None}``
+        is_ended: whether a description says the job ended (None: it is gone)
+    """
+
+    def __init__(
+        self,
+        describe_many: Callable[[Iterable[str]], Mapping[str, Any]],
+        is_ended: Callable[[Any], bool],
+        period: float = 1.0,
+    ) -> None:
+        self._describe_many = describe_many
+        self._is_ended = is_ended
+        self._period = period
+        self._lock = threading.Lock()
+        self._asked: dict[str, float] = {}  # app id -> when a tail last asked
+        self._ended: dict[str, bool] = {}  # of the last round
+        self._round_at = -float("inf")
+
+    def ended(self, app_id: str) -> bool:
+        """Whether ``app_id`` ended, from this round's answer or a new round (False while
+        the controller cannot be asked: the tail goes on)."""
+        with self._lock:  # a tail that comes during a round waits for its answer
+            now = time.monotonic()
+            self._asked[app_id] = now
+            if now - self._round_at < self._period and app_id in self._ended:
+                return self._ended[app_id]
+            # every job tailed within the last few periods (a finished tail stops asking)
+            self._asked = {a: t for a, t in self._asked.items() if now - t < 3 * self._period}
+            try:
+                found = self._describe_many(list(self._asked))
+            except (RuntimeError, TransportError) as e:  # the controller briefly away
+                log.debug("describing tailed jobs: %s", e)
+                return False
+            self._ended = {a: self._is_ended(found.get(a)) for a in self._asked}
+            self._round_at = now
+            return self._ended[app_id]

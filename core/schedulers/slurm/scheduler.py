@@ -31,7 +31,7 @@ from core.schedulers.api import (
 )
 from core.schedulers.slurm import outcome
 from core.schedulers.slurm.jobinfo import JobInfo, app_state, to_response
-from core.schedulers.slurm.logs import read_lines
+from core.schedulers.slurm.logs import TailChecks, read_lines
 from core.schedulers.slurm.script import (
     RANK0_ENV,
     SBATCH_JOB_OPTIONS,
@@ -157,6 +157,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         self._made_dirs: set[str] = set()
         self._probed: set[str] = set()  # clusters reached once (their settings work)
         self._usage: dict[str, dict[str, Any]] = {}  # of ended jobs, once accounting has all
+        self._tails = TailChecks(self.describe_many, _tail_ended)
 
     # -- clusters ------------------------------------------------------------------------------
 
@@ -572,15 +573,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         return filter_regex(regex, lines)
 
     def _terminal_check(self, app_id: str) -> Callable[[], bool]:
-        def ended() -> bool:
-            try:
-                desc = self.describe(app_id)
-            except (RuntimeError, TransportError) as e:  # controller briefly away: keep going
-                log.debug("describe %s while tailing: %s", app_id, e)
-                return False
-            return desc is None or is_terminal(desc.state)
-
-        return ended
+        return lambda: self._tails.ended(app_id)
 
     def close(self) -> None:
         with self._lock:
@@ -592,6 +585,10 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
 # -----------------------------------------------------------------------------------------------
 # helpers
 # -----------------------------------------------------------------------------------------------
+
+
+def _tail_ended(desc: DescribeAppResponse | None) -> bool:
+    return desc is None or is_terminal(desc.state)
 
 
 def _make_client(config: ClusterConfig | None) -> SlurmClient:
