@@ -100,19 +100,18 @@ class ShipyardJobTrigger(BaseTrigger):
         self._engine: DockerEngine | None = None  # the connection's, found in the triggerer
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "app_handle": self.app_handle,
-                "poll_interval": self.poll_interval,
-                "target_states": list(self.target_states),
-                "failure_states": list(self.failure_states),
-                "stream_logs": self.stream_logs,
-                "shipyard_conn_id": self.shipyard_conn_id,
-                "log_cursor": dict(self.log_cursor),
-                "max_silence": self.max_silence,
-            },
-        )
+        kwargs: dict[str, Any] = {
+            "app_handle": self.app_handle,
+            "poll_interval": self.poll_interval,
+            "target_states": list(self.target_states),
+            "failure_states": list(self.failure_states),
+            "stream_logs": self.stream_logs,
+            "shipyard_conn_id": self.shipyard_conn_id,
+            "log_cursor": dict(self.log_cursor),
+        }
+        if self.max_silence is not None:  # (only then: a triggerer of an older version still
+            kwargs["max_silence"] = self.max_silence  # inflates the triggers that do not use it)
+        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     async def _use_connection(self) -> None:
         if self.shipyard_conn_id:

@@ -280,8 +280,9 @@ def _report_usage(runner: Runner, handle: AppHandle, status: AppStatus | None, l
     """What the ended job's replicas used: a line each in the log, and a table artifact."""
     if status is None or not status.is_terminal():
         return
-    # asked again: a local replica's usage is recorded a moment after its end
-    status = runner.status(handle) or status
+    if any(r.usage is None for rs in status.roles for r in rs.replicas):
+        # asked again: a local replica's usage is recorded a moment after its end
+        status = runner.status(handle) or status
     for line in usage_summary(status.roles):
         logger.info("usage: %s", line)
     rows = [

@@ -204,7 +204,12 @@ def test_ended_apps_are_retired_and_keep_their_state_and_logs(
     sched: DockerScheduler, docker_client: Any
 ) -> None:
     api = docker_client.api
-    script = "echo out-$SHIPYARD_REPLICA_ID; echo err-$SHIPYARD_REPLICA_ID >&2; exit $SHIPYARD_REPLICA_ID"
+    # replica 1 fails once replica 0 surely ran (a replica failing first ends the app, and one
+    # not started yet then has no exit code)
+    script = (
+        "echo out-$SHIPYARD_REPLICA_ID; echo err-$SHIPYARD_REPLICA_ID >&2;"
+        ' [ "$SHIPYARD_REPLICA_ID" = 1 ] && sleep 2; exit $SHIPYARD_REPLICA_ID'
+    )
     kept = sched.submit(AppDef("kept", [sh("r", script, n=2)]), {})
     gone = sched.submit(AppDef("gone", [sh("r", script, n=2)]), {"retention": 0})
     for app_id in (kept, gone):

@@ -18,7 +18,6 @@ import atexit
 import collections
 import logging
 import os
-import resource
 import select
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.collector import LogDirFull, collect
-from core.schedulers.local.outcome import OomCounter, record_reaped
+from core.schedulers.local.outcome import OomCounter, peak_rss_kib, record_reaped
 from core.schedulers.local.processes import exited_child
 from core.schedulers.local.supervise import observe
 
@@ -198,7 +197,7 @@ class Background:
             self._pending += 1
             if housekeeping is not None:  # (weakly: a scheduler is not kept alive for it)
                 self._housekeepers.add(weakref.WeakMethod(housekeeping))  # type: ignore[arg-type]
-        inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        inherited = peak_rss_kib()
         watches = [
             ("watch", _Child(pid, app, g, inherited=inherited)) for g, pid in enumerate(pids)
         ]

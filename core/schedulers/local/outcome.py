@@ -27,7 +27,7 @@ from core.schedulers.local.records import AppRecord, FinalState
 from core.schedulers.local.supervise import describe_code
 from core.specs import NONE, AppState, ReplicaStatus, Resource, ResourceUsage, Role, RoleStatus
 
-__all__ = ["OomCounter", "apply_usage", "read_results", "record_reaped", "response"]
+__all__ = ["OomCounter", "apply_usage", "peak_rss_kib", "read_results", "record_reaped", "response"]
 
 _KILLED = (137, -9)  # a shell's code for a SIGKILLed command; a wrapper killed itself
 
@@ -78,6 +78,20 @@ class OomCounter:
         grew = now is not None and self.seen is not None and now > self.seen
         self.seen = now
         return grew
+
+
+def peak_rss_kib() -> int:
+    """This process's own peak resident memory in KiB (``VmHWM``): what a wrapper spawned from
+    it now counts as its own peak. Not ``ru_maxrss``, which also holds the peak of the process
+    this one was started from (a test runner, an Airflow worker)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def record_reaped(
