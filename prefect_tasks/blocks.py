@@ -30,7 +30,6 @@ Register the block types with ``prefect block register -m prefect_tasks``.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -41,6 +40,7 @@ from pydantic import Field, SecretStr
 from core.clusters import ClusterConfig, Secret, register_cluster
 from core.runner import Runner, get_runner
 from core.schedulers import get_scheduler_factories
+from core.schedulers.docker.engine import DockerEngine, connect
 from core.specs import Cfg
 
 __all__ = [
@@ -156,6 +156,16 @@ class ShipyardBackend(Block):
         default=None,
         description="The Docker engine's URL (default: DOCKER_HOST, else the local socket).",
     )
+    tls_ca_cert: str | None = Field(
+        default=None,
+        description="The CA of the engine's TLS certificate: a file on the worker, or the PEM.",
+    )
+    tls_client_cert: str | None = Field(
+        default=None, description="This client's TLS certificate (a file or the PEM)."
+    )
+    tls_private_key: SecretStr | None = Field(
+        default=None, description="The client certificate's private key (a file or the PEM)."
+    )
     registry_url: str | None = Field(
         default=None, description="A registry to log in to (e.g. registry.example:5000)."
     )
@@ -186,27 +196,30 @@ class ShipyardBackend(Block):
             raise ValueError("registry_username and registry_password: give both or neither")
         return Backend(self.scheduler, merged, self)
 
+    def docker_engine(self) -> DockerEngine:
+        """The block's Docker engine (TLS when a TLS field is set) and registry login."""
+        key, password = self.tls_private_key, self.registry_password
+        return DockerEngine(
+            host=self.docker_host,
+            tls_ca_cert=self.tls_ca_cert,
+            tls_client_cert=self.tls_client_cert,
+            tls_private_key=Secret(key.get_secret_value()) if key is not None else None,
+            registry=self.registry_url,
+            registry_username=self.registry_username,
+            registry_password=Secret(password.get_secret_value()) if password else None,
+            origin="Shipyard Backend block",
+        )
+
     def docker_client(self) -> Any:
         """A ``docker.DockerClient`` for the block's engine, logged in to its registry."""
-        import docker
-
-        client = (
-            docker.DockerClient(base_url=self.docker_host)
-            if self.docker_host
-            else docker.from_env()
-        )
-        if self.registry_username is not None and self.registry_password is not None:
-            client.login(
-                username=self.registry_username,
-                password=self.registry_password.get_secret_value(),
-                registry=self.registry_url,
-            )
-        return client
+        return connect(self.docker_engine())
 
     @property
     def needs_docker_client(self) -> bool:
-        """True when the block sets the Docker engine or registry credentials."""
-        return bool(self.docker_host or self.registry_username)
+        """True when the block sets the Docker engine, TLS or registry credentials."""
+        return bool(
+            self.docker_host or self.registry_username or self.tls_ca_cert or self.tls_client_cert
+        )
 
 
 @dataclass(frozen=True)
@@ -226,10 +239,10 @@ class Backend:
         docker_factory = factories.get("local_docker")
         if docker_factory is None:
             raise ValueError("docker_host: the local_docker scheduler is not available")
-        client = functools.lru_cache(maxsize=1)(block.docker_client)
+        engine = block.docker_engine()
 
         def make_docker(session_name: str, **kwargs: Any) -> Any:
-            return docker_factory(session_name, **{**kwargs, "docker_client": client()})
+            return docker_factory(session_name, **{**kwargs, "docker_engine": engine})
 
         factories["local_docker"] = make_docker
         return get_runner(scheduler_factories=factories)
