@@ -27,6 +27,7 @@ from tests.prefect_tasks.helpers import (
     sh_app,
     sleeper_app,
     started_pids,
+    wait_until,
 )
 
 
@@ -124,8 +125,12 @@ def test_stream_job_logs_filters_by_role_replica_and_regex(name: str) -> None:
         out["bad_role"].result()
     with pytest.raises(ValueError, match=r"^replica: a of .* has no replica 5"):
         out["bad_replica"].result()
-    logs = flow_run_logs(state.state_details.flow_run_id)
-    assert logs.count("b/1 b 1 keep") == 3  # the follower, the replica and the regex call
+    # the follower, the replica and the regex call (records reach the API a moment later)
+    wait_until(
+        lambda: flow_run_logs(state.state_details.flow_run_id).count("b/1 b 1 keep") == 3,
+        "the three records of 'b/1 b 1 keep' in the API",
+    )
+    assert flow_run_logs(state.state_details.flow_run_id).count("b/1 b 1 keep") == 3
 
 
 def test_stream_job_logs_timeout_leaves_the_job_running(name: str, tmp_path: Path) -> None:
