@@ -38,7 +38,7 @@ from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_u
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import status_poller
-from core.reports import usage_summary
+from core.reports import usage_summary, with_usage
 from core.runner import AppFailedError, Runner
 from core.schedulers import get_default_scheduler_name
 from core.silence import SilenceWatch, check_max_silence
@@ -554,9 +554,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self, runner: Runner, context: Context, handle: AppHandle, status: AppStatus
     ) -> None:
         """The ended job's ``usage`` and ``result`` XComs, with a summary in the log."""
-        # asked again: a backend may record usage a moment after the end (a local replica's,
-        # once its wrapper is reaped), and the logs were drained since
-        status = runner.status(handle) or status
+        status = with_usage(status, lambda: runner.status(handle))
         usage = {
             f"{rs.role}/{r.id}": r.usage.to_json()
             for rs in status.roles

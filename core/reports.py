@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.specs import AppState, ResourceUsage, RoleStatus
+from core.specs import AppState, AppStatus, ResourceUsage, RoleStatus
 
 __all__ = [
     "MAX_RESULT_BYTES",
@@ -34,6 +34,7 @@ __all__ = [
     "problem_from_error",
     "result_replicas",
     "usage_summary",
+    "with_usage",
 ]
 
 #: the environment variable naming the file a replica writes its JSON result to
@@ -240,6 +241,15 @@ def usage_summary(statuses: Iterable[RoleStatus]) -> list[str]:
                 lines.append(f"{rs.role}/{r.id}: {r.usage.format()}")
     lines += [f"over-request: {line}" for line in over_requests(statuses)]
     return lines
+
+
+def with_usage(status: AppStatus, ask_again: Callable[[], AppStatus | None]) -> AppStatus:
+    """An ended app's ``status``, asked again (``ask_again()``) if a replica has no usage in it
+    yet: a backend may record it a moment after the end (a local replica's, once its wrapper
+    is reaped)."""
+    if all(r.usage is not None for rs in status.roles for r in rs.replicas):
+        return status
+    return ask_again() or status
 
 
 def usage_or_none(usage: ResourceUsage | None) -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from typing import Any, ParamSpec, TypeVar
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
-from core.reports import usage_summary
+from core.reports import usage_summary, with_usage
 from core.runner import Runner
 from core.schedulers import get_scheduler_factories
 from core.silence import SilenceWatch, check_max_silence
@@ -280,19 +280,17 @@ def _report_usage(runner: Runner, handle: AppHandle, status: AppStatus | None, l
     """What the ended job's replicas used: a line each in the log, and a table artifact."""
     if status is None or not status.is_terminal():
         return
-    if any(r.usage is None for rs in status.roles for r in rs.replicas):
-        # asked again: a local replica's usage is recorded a moment after its end
-        status = runner.status(handle) or status
+    status = with_usage(status, lambda: runner.status(handle))
     for line in usage_summary(status.roles):
         logger.info("usage: %s", line)
+    if not any(r.usage is not None for rs in status.roles for r in rs.replicas):
+        return
     rows = [
         {"replica": f"{rs.role}/{r.id}", "state": r.state.name, "exit_code": r.exit_code,
          **(r.usage.to_json() if r.usage is not None else {})}
         for rs in status.roles
         for r in rs.replicas
     ]  # fmt: skip
-    if not any(r.usage is not None for rs in status.roles for r in rs.replicas):
-        return
     try:
         from prefect.artifacts import create_table_artifact
 
