@@ -503,13 +503,12 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self, runner: Runner, handle: AppHandle, status: AppStatus | None
     ) -> None:
         """Cancels the job and fails the task if replicas are silent past ``max_silence``."""
-        silent = self._silence.silent(status) if self._silence is not None else []
-        if not silent:
+        hang = self._silence.hang(handle, status) if self._silence is not None else None
+        if hang is None:
             return
-        message = self._silence.message(handle, silent)  # type: ignore[union-attr]
-        self.log.error("%s", message)
+        self.log.error("%s", hang)
         runner.cancel(handle)
-        raise ShipyardJobSilentError(message)
+        raise ShipyardJobSilentError(str(hang))
 
     def _log_lines_after(self, runner: Runner, handle: AppHandle, cursor: LogCursor) -> None:
         """Logs every replica's lines after ``cursor`` (what is not in the task log yet)."""

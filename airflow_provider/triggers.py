@@ -29,7 +29,7 @@ from core.clusters import register_cluster
 from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import StatusWatch, status_poller
 from core.runner import LogLine, Runner
-from core.silence import SilenceWatch, check_max_silence
+from core.silence import JobSilentError, SilenceWatch, check_max_silence
 from core.specs import AppHandle, AppStatus, parse_app_handle
 
 if TYPE_CHECKING:
@@ -147,9 +147,9 @@ class ShipyardJobTrigger(BaseTrigger):
                     message = f"app {self.app_handle} is unknown to its scheduler"
                     yield self._event("error", "UNKNOWN", message, stream)
                     return
-                silent = stream.silent(status) if stream is not None else []
-                if silent:
-                    yield await self._cancel_silent(stream, silent)  # type: ignore[arg-type]
+                hang = stream.hang(status) if stream is not None else None
+                if hang is not None:
+                    yield await self._cancel_silent(stream, hang)  # type: ignore[arg-type]
                     return
                 kind = self._kind(status.state.name)
                 if kind is None:
@@ -167,13 +167,12 @@ class ShipyardJobTrigger(BaseTrigger):
                 stream.stop()
                 await stream.checkpoint()
 
-    async def _cancel_silent(self, stream: _LogStream, silent: list[str]) -> TriggerEvent:
+    async def _cancel_silent(self, stream: _LogStream, hang: JobSilentError) -> TriggerEvent:
         """Cancels the app whose replicas are silent; the failure event names them."""
-        message = stream.silence_message(silent)
-        self.log.error("%s", message)
+        self.log.error("%s", hang)
         await asyncio.to_thread(_cancel, self._runner, self.app_handle)
-        event = self._event("failure", "CANCELLED", message, stream)
-        event.payload["silent"] = silent
+        event = self._event("failure", "CANCELLED", str(hang), stream)
+        event.payload["silent"] = hang.silent
         return event
 
     async def _open_stream(self) -> _LogStream:
@@ -336,14 +335,10 @@ class _LogStream:
             if self._silence is not None:
                 self._silence.saw(line)
 
-    def silent(self, status: AppStatus) -> list[str]:
-        """The replicas silent past ``max_silence`` (none without a limit)."""
-        return self._silence.silent(status) if self._silence is not None else []
-
-    def silence_message(self, silent: list[str]) -> str:
-        """The failure message naming the silent replicas and their last lines."""
-        assert self._silence is not None
-        return self._silence.message(self._handle, silent)
+    def hang(self, status: AppStatus) -> JobSilentError | None:
+        """The error naming the replicas silent past ``max_silence`` (None without a limit,
+        or if none is)."""
+        return self._silence.hang(self._handle, status) if self._silence is not None else None
 
     def wake(self) -> None:
         """Makes :meth:`pump` return (thread-safe: the status poller calls it)."""

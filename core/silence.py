@@ -96,6 +96,12 @@ class SilenceWatch:
                         out.append(key)
         return out
 
+    def hang(self, handle: str, status: AppStatus | None) -> JobSilentError | None:
+        """The error to cancel the app with if replicas of ``status`` are silent past
+        ``max_silence`` (it names them, with their last lines); None if none is."""
+        silent = self.silent(status)
+        return JobSilentError(self.message(handle, silent), handle, silent) if silent else None
+
     def message(self, handle: str, silent: list[str]) -> str:
         """What the waiter fails with: the silent replicas and their last lines."""
         parts = []
@@ -140,9 +146,9 @@ def wait_unless_silent(
                 if fresh and (status is None or status.is_terminal()):
                     follower.join(30.0)  # its last lines
                     return status
-                silent = silence.silent(status) if fresh else []
-                if silent:
+                hang = silence.hang(handle, status) if fresh else None
+                if hang is not None:
                     runner.cancel(handle)
-                    raise JobSilentError(silence.message(handle, silent), handle, silent)
+                    raise hang
     finally:
         follower.stop()

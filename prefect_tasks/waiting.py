@@ -28,7 +28,7 @@ from typing import Any
 from core.follow import DRAIN_TIMEOUT, END, LogFollower
 from core.polling import status_poller
 from core.runner import Runner
-from core.silence import JobSilentError, SilenceWatch
+from core.silence import SilenceWatch
 from core.specs import AppHandle, AppStatus
 from prefect_tasks.jobs import (
     JobCancelledError,
@@ -287,11 +287,10 @@ def wait(
                 if reason:
                     cancel_quietly(runner, handle, logger, reason)
                     raise JobCancelledError(handle, reason)
-                silent = silence.silent(status) if read and silence is not None else []
-                if silent:
-                    message = silence.message(handle, silent)  # type: ignore[union-attr]
+                hang = silence.hang(handle, status) if read and silence is not None else None
+                if hang is not None:
                     cancel_quietly(runner, handle, logger, "max_silence")
-                    raise JobSilentError(message, handle, silent)
+                    raise hang
     except BaseException as e:
         if is_interrupt(e):
             cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
