@@ -38,10 +38,10 @@ from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_u
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import status_poller
-from core.reports import usage_summary, with_usage
+from core.reports import fill_usage, usage_by_replica, usage_summary, with_usage
 from core.runner import AppFailedError, Runner
 from core.schedulers import get_default_scheduler_name
-from core.silence import SilenceWatch, check_max_silence
+from core.silence import SilenceWatch, check_max_silence, effective_max_silence
 from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
 
 if TYPE_CHECKING:
@@ -100,7 +100,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             retries, listing them all
         max_silence: seconds a running replica may go without printing a line; past that the
             job is cancelled and the task fails (:class:`ShipyardJobSilentError`, naming the
-            silent replicas and their last lines): the hung-collective case. None: no limit
+            silent replicas and their last lines): the hung-collective case. None: the app's
+            own (its ``metadata.max_silence``), else no limit
 
     Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
     and ``state`` (the app state's name). Once the job ended, also ``result`` (what replicas
@@ -255,6 +256,10 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
     def _app_def(self) -> AppDef:
         return to_app_def(self.app, self.env)
 
+    def _max_silence(self) -> float | None:
+        """The task's ``max_silence``, else its app's own (``metadata.max_silence``)."""
+        return effective_max_silence(self.max_silence, self._app_def())
+
     def execute(self, context: Context) -> Any:
         app = self._app_def()  # bad input fails here, before anything starts
         self._ui_url_template()
@@ -364,7 +369,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                             target_states=["SUCCEEDED"],
                             stream_logs=True,
                             shipyard_conn_id=self.shipyard_conn_id,
-                            max_silence=self.max_silence,
+                            max_silence=self._max_silence(),
                         ),
                         method_name="execute_complete",
                         timeout=self.execution_timeout,
@@ -398,7 +403,10 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         with self._runner() as runner:
             # the lines the trigger did not log (all of them if it could not stream)
             self._log_lines_after(runner, handle, _event_cursor(event))
-            return self._finish(runner, context, handle, runner.status(handle))
+            status = runner.status(handle)
+            if status is not None:  # (the figures only the triggerer saw)
+                fill_usage(status.roles, event.get("usage") or {})
+            return self._finish(runner, context, handle, status)
 
     def resume_execution(
         self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
@@ -453,7 +461,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         """
         lines: queue.Queue[Any] = queue.Queue()
         cursor = LogCursor()
-        self._silence = SilenceWatch(self.max_silence) if self.max_silence else None
+        limit = self._max_silence()
+        self._silence = SilenceWatch(limit) if limit else None
         follower = LogFollower(handle, lines.put, runner_factory=self._runner).start()
         ended = False
         try:
@@ -554,12 +563,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
     ) -> None:
         """The ended job's ``usage`` and ``result`` XComs, with a summary in the log."""
         status = with_usage(status, lambda: runner.status(handle))
-        usage = {
-            f"{rs.role}/{r.id}": r.usage.to_json()
-            for rs in status.roles
-            for r in rs.replicas
-            if r.usage is not None
-        }
+        usage = usage_by_replica(status.roles)
         for line in usage_summary(status.roles):
             self.log.info("usage: %s", line)
         if usage:

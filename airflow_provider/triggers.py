@@ -28,6 +28,7 @@ from airflow_provider.hooks.shipyard import connection_settings, docker_engine_f
 from core.clusters import register_cluster
 from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
 from core.polling import StatusWatch, status_poller
+from core.reports import usage_by_replica
 from core.runner import LogLine, Runner
 from core.silence import JobSilentError, SilenceWatch, check_max_silence
 from core.specs import AppHandle, AppStatus, parse_app_handle
@@ -157,7 +158,9 @@ class ShipyardJobTrigger(BaseTrigger):
                 if stream is not None and status.state.name in TERMINAL_STATES:
                     await stream.finish(DRAIN_TIMEOUT)
                 message = f"app {self.app_handle} is {status.state.name}"
-                yield self._event(kind, status.state.name, message, stream)
+                event = self._event(kind, status.state.name, message, stream)
+                event.payload["usage"] = usage_by_replica(status.roles)
+                yield event
                 return
         finally:
             watch.close()

@@ -155,12 +155,11 @@ def _cmd_check(runner: Runner, app: AppDef, scheduler: str, args: argparse.Names
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from core.runner import get_runner
+    from core.silence import effective_max_silence
 
     app = _load_app(args)
-    if args.max_silence is not None:
-        from core.silence import check_max_silence
-
-        check_max_silence(args.max_silence, "--max-silence")
+    # --max-silence, else the app's own (metadata.max_silence) once the run is waited for
+    limit = effective_max_silence(_checked_max_silence(args), app)
     with get_runner() as runner:
         scheduler = args.scheduler or runner.scheduler_backends()[0]
         if scheduler not in runner.scheduler_backends():
@@ -180,8 +179,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not (args.wait or args.log or args.max_silence is not None):
             return EXIT_OK
         try:
-            if args.max_silence is not None:
-                status = _wait_unless_silent(runner, handle, args)
+            if limit is not None:
+                status = _wait_unless_silent(runner, handle, limit, args.log)
             elif args.log:
                 for line in runner.stream_logs(handle, should_tail=True):
                     print(str(line), flush=True)
@@ -199,14 +198,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK if status.state == AppState.SUCCEEDED else EXIT_APP_FAILED
 
 
-def _wait_unless_silent(runner: Runner, handle: str, args: argparse.Namespace) -> AppStatus | None:
-    """``--max-silence``: waits (printing the lines with ``--log``) and cancels the app once a
-    running replica printed nothing for that long (exit 1, the message naming it)."""
-    from core.silence import JobSilentError, check_max_silence, wait_unless_silent
+def _checked_max_silence(args: argparse.Namespace) -> float | None:
+    from core.silence import check_max_silence
 
-    limit = check_max_silence(args.max_silence, "--max-silence")
-    assert limit is not None
-    show = (lambda line: print(str(line), flush=True)) if args.log else None
+    return check_max_silence(args.max_silence, "--max-silence")
+
+
+def _wait_unless_silent(runner: Runner, handle: str, limit: float, log: bool) -> AppStatus | None:
+    """``--max-silence`` (or the app's): waits (printing the lines with ``--log``) and cancels
+    the app once a running replica printed nothing for ``limit`` seconds (exit 1, the message
+    naming it)."""
+    from core.silence import JobSilentError, wait_unless_silent
+
+    show = (lambda line: print(str(line), flush=True)) if log else None
     try:
         return wait_unless_silent(runner, handle, limit, show, poll_interval=min(1.0, limit / 4))
     except JobSilentError as e:
@@ -427,7 +431,7 @@ def _add_run_parser(sub: Any) -> None:
         type=float,
         metavar="SECONDS",
         help="cancel the app once a running replica printed no line for that long (a hung"
-        " collective); implies --wait",
+        " collective); implies --wait. Default: the app's metadata.max_silence when waiting",
     )
     run.add_argument("--name", help="app name (default: from the file or the command)")
     run.add_argument("--role-name", help="inline app: role name")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,6 +250,31 @@ def with_usage(status: AppStatus, ask_again: Callable[[], AppStatus | None]) -> 
     if all(r.usage is not None for rs in status.roles for r in rs.replicas):
         return status
     return ask_again() or status
+
+
+def usage_by_replica(statuses: Iterable[RoleStatus]) -> dict[str, dict[str, Any]]:
+    """``{"role/k": usage JSON}`` of the replicas that have usage figures."""
+    return {
+        f"{rs.role}/{r.id}": r.usage.to_json()
+        for rs in statuses
+        for r in rs.replicas
+        if r.usage is not None
+    }
+
+
+def fill_usage(statuses: Iterable[RoleStatus], known: Mapping[str, Mapping[str, Any]]) -> None:
+    """Completes each replica's figures from ``known`` (a :func:`usage_by_replica` of another
+    process): a Docker replica's CPU time and peak are sampled only by a process that watched
+    it run, e.g. the Airflow triggerer, not by the worker that resumes the task."""
+    for rs in statuses:
+        for r in rs.replicas:
+            other = known.get(f"{rs.role}/{r.id}")
+            if not other:
+                continue
+            own = r.usage.to_json() if r.usage is not None else {}
+            merged = {**other, **{k: v for k, v in own.items() if v is not None}}
+            merged["oom_killed"] = bool(own.get("oom_killed") or other.get("oom_killed"))
+            r.usage = ResourceUsage.from_json(merged)
 
 
 def usage_or_none(usage: ResourceUsage | None) -> dict[str, Any] | None:

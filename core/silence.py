@@ -13,7 +13,6 @@ Nothing here imports Airflow or Prefect.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +21,15 @@ from typing import Any
 from core.follow import END, LogFollower
 from core.polling import status_poller
 from core.runner import LogLine, Runner, get_runner
-from core.specs import AppHandle, AppState, AppStatus
+from core.specs import AppDef, AppHandle, AppState, AppStatus, app_max_silence, check_max_silence
 
-__all__ = ["JobSilentError", "SilenceWatch", "check_max_silence", "wait_unless_silent"]
+__all__ = [
+    "JobSilentError",
+    "SilenceWatch",
+    "check_max_silence",
+    "effective_max_silence",
+    "wait_unless_silent",
+]
 
 #: the last lines of each replica a message quotes
 LAST_LINES = 3
@@ -39,19 +44,13 @@ class JobSilentError(RuntimeError):
         self.silent = silent
 
 
-def check_max_silence(value: Any, where: str = "max_silence") -> float | None:
-    """``value`` as seconds (None: no limit).
-
-    Raises:
-        ValueError: naming ``where``, for anything but a positive number or None.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{where}: expected a positive number of seconds, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: expected a finite number of seconds, got {value!r}")
-    return float(value)
+def effective_max_silence(own: Any, app: AppDef | None) -> float | None:
+    """A waiter's ``max_silence``: its own (checked) if given, else the app's (its
+    ``metadata["max_silence"]``)."""
+    limit = check_max_silence(own)
+    if limit is None and app is not None:
+        return app_max_silence(app)
+    return limit
 
 
 class SilenceWatch:

@@ -24,9 +24,10 @@ from typing import Any
 
 from prefect import flow
 
+from core.silence import effective_max_silence
 from core.specs import AppHandle, AppState, AppStatus, CfgVal
 from prefect_tasks.blocks import SlurmCluster
-from prefect_tasks.jobs import async_twin, cancel_flow_run_jobs, guard_flow_run
+from prefect_tasks.jobs import async_twin, cancel_flow_run_jobs, guard_flow_run, resolve_app
 from prefect_tasks.tasks import (
     DEFAULT_CANCEL_CHECK_INTERVAL,
     DEFAULT_POLL_INTERVAL,
@@ -72,6 +73,7 @@ def run_job(
     stream_logs: bool = True,
     cancel_check_interval: float | None = DEFAULT_CANCEL_CHECK_INTERVAL,
     cluster: SlurmCluster | str | None = None,
+    max_silence: float | None = None,
 ) -> JobResult:
     """Runs a job to the end: submits it, waits while streaming its logs, returns the result.
 
@@ -86,6 +88,9 @@ def run_job(
         cancel_check_interval: seconds between checks for the flow run being cancelled in the API
         cluster: a :class:`~prefect_tasks.blocks.SlurmCluster` block (or a saved one's name) to
             run on (the scheduler is then ``slurm`` unless given)
+        max_silence: seconds a running replica may go without a log line; past that the job is
+            cancelled (:class:`core.silence.JobSilentError`). None: the app's own (its
+            ``metadata.max_silence``), else no limit
 
     Retrying the flow (``run_job.with_options(retries=2)``) re-attaches to a job still running
     or succeeded and runs a failed job again. A timeout, a cancelled flow run or SIGTERM cancels
@@ -94,7 +99,9 @@ def run_job(
     Raises:
         core.runner.AppFailedError: the job did not succeed (state, exit codes, last log lines).
     """
-    handle = submit_job(app, scheduler, cfg, workspace, cluster=cluster)
+    appdef = resolve_app(app)  # (bad input fails here, before anything starts)
+    limit = effective_max_silence(max_silence, appdef)
+    handle = submit_job(appdef, scheduler, cfg, workspace, cluster=cluster)
     status = wait_for_job(
         handle,
         cluster=cluster,
@@ -102,6 +109,7 @@ def run_job(
         poll_interval=poll_interval,
         stream_logs=stream_logs,
         cancel_check_interval=cancel_check_interval,
+        max_silence=limit,
     )
     try:
         result = get_job_result.fn(handle, cluster=cluster)

@@ -196,12 +196,17 @@ MpiDefault=none
 ReturnToService=2
 MailProg=/bin/true
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
+# A job asking no memory gets 1000 MiB a CPU (not the whole node).
+DefMemPerCPU=1000
 # Heterogeneous jobs are started only by the backfill scheduler: run it every second.
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
+# --mem is enforced by the accounting plugin: a step whose sampled RSS passes it is killed
+# (jobs sample every second: --acctg-freq=task=1). Memory is a consumable resource for that.
+JobAcctGatherParams=OverMemoryKill
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=6819

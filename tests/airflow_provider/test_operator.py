@@ -370,11 +370,15 @@ def test_deferred_task_timing_out_cancels_the_job(runner: Any) -> None:
 HANGS = 'if [ "$SHIPYARD_REPLICA_ID" = 0 ]; then echo "init done"; exec sleep 300; fi; while true; do echo beat; sleep 0.2; done'
 
 
-def test_max_silence_cancels_a_job_whose_replica_hangs(runner: Any) -> None:
+@pytest.mark.parametrize("where", ["task", "app"])
+def test_max_silence_cancels_a_job_whose_replica_hangs(runner: Any, where: str) -> None:
+    """Set on the task, or in the app (its metadata.max_silence, for any waiter)."""
     ti = TaskInstanceStub()
-    op = ShipyardOperator(
-        task_id="job", app=sh("hang", HANGS, replicas=2), max_silence=2, poll_interval=0.2
-    )
+    app = sh("hang", HANGS, replicas=2)
+    if where == "app":
+        app.metadata["max_silence"] = "2"
+    own = 2 if where == "task" else None
+    op = ShipyardOperator(task_id="job", app=app, max_silence=own, poll_interval=0.2)
     with pytest.raises(ShipyardJobSilentError) as info:
         op.execute(context(ti, StateStoreStub()))
     text = str(info.value)

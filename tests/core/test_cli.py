@@ -384,3 +384,18 @@ def test_run_max_silence_cancels_a_silent_app(tmp_path: Path) -> None:
     assert "State: CANCELLED" in r.stdout
     bad = sh("run", "--max-silence", "0", "--", "true", cwd=tmp_path)
     assert bad.returncode == 2 and "--max-silence: expected a positive number" in bad.stderr
+
+
+def test_an_apps_own_max_silence_applies_to_run_wait(tmp_path: Path) -> None:
+    app = tmp_path / "app.yaml"
+    app.write_text(
+        "name: quiet\nmetadata: {max_silence: '2'}\n"
+        "roles: [{name: sh, entrypoint: sh, args: ['-c', 'echo started; exec sleep 300']}]\n"
+    )
+    r = sh("run", "--wait", str(app), cwd=tmp_path)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "no log line for 2s from sh/0 (max_silence)" in r.stderr
+    assert "State: CANCELLED" in r.stdout
+    app.write_text(app.read_text().replace("'2'", "'-1'"))
+    bad = sh("run", "--wait", str(app), cwd=tmp_path)
+    assert bad.returncode == 2 and "metadata.max_silence: expected a positive number" in bad.stderr

@@ -12,6 +12,7 @@ import pytest
 from core.runner import Runner
 from core.schedulers.docker_scheduler import DockerScheduler, create_scheduler
 from core.specs import AppDef, AppState, BindMount, DeviceMount, Resource, Role
+from tests.services import require
 
 IMAGE = "shipyard-test/busybox:latest"
 WRITE = 'echo "{\\"rank\\": $SHIPYARD_REPLICA_ID}" > "$SHIPYARD_RESULT_FILE"'
@@ -64,6 +65,10 @@ def test_result_survives_retention(sched: DockerScheduler, docker_client: Any) -
     flt = {"label": f"shipyard.app_id={app_id}"}
     assert docker_client.api.containers(all=True, filters=flt) == []
     assert _runner(sched).result(handle).get("w") == {"rank": 0}
+    status = _runner(sched).status(handle)  # (from the tombstone, with the usage it kept)
+    assert status is not None and "containers and network removed" in status.msg
+    usage = status.roles[0].replicas[0].usage
+    assert usage is not None and usage.wall_time is not None and usage.wall_time >= 0
 
 
 def test_invalid_and_oversized_results_name_the_replica(sched: DockerScheduler) -> None:
@@ -99,6 +104,75 @@ def test_oom_kill_is_named_with_its_peak(sched: DockerScheduler) -> None:
     assert status.msg.startswith("m/0 killed: out of memory (peak 64 MiB of 64 MiB requested)")
     replica = status.roles[0].replicas[0]
     assert replica.usage is not None and replica.usage.oom_killed
+
+
+# runs ~6 s, holds ~200 MiB, burns 3 s of CPU first, reports what it measured of itself
+MEASURE = r"""
+import json, os, resource, time
+t0, c0 = time.time(), time.process_time()
+b = bytearray(200 * 1024 * 1024)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+while time.process_time() - c0 < 3.0:
+    pass
+while time.time() - t0 < 6.0:
+    time.sleep(0.05)
+ru = resource.getrusage(resource.RUSAGE_SELF)
+json.dump({"cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024,
+           "wall": time.time() - t0}, open(os.environ["SHIPYARD_RESULT_FILE"], "w"))
+"""
+
+
+def _python_image(docker_client: Any) -> str:
+    """The local image with Python in it (scripts/build_prefect_image.sh builds it)."""
+    from importlib.metadata import version
+
+    from docker.errors import ImageNotFound
+
+    image = f"shipyard-test/prefect:{version('prefect')}"
+    try:
+        docker_client.images.get(image)
+    except ImageNotFound:
+        require("prefect", f"no image {image} (scripts/build_prefect_image.sh builds it)")
+    return image
+
+
+def test_usage_within_20_percent_of_what_the_replica_measured(
+    sched: DockerScheduler, docker_client: Any
+) -> None:
+    image = _python_image(docker_client)
+    app = AppDef(
+        "use",
+        [
+            Role(
+                "m",
+                image=image,
+                entrypoint="python",
+                args=["-c", MEASURE],
+                resource=Resource(1, 0, 1000),
+            )
+        ],  # fmt: skip
+    )
+    handle = _run(sched, app)  # (its waits describe the running replica: the samples)
+    own = _runner(sched).result(handle).get("m")
+    status = _runner(sched).status(handle)
+    assert status is not None and status.state == AppState.SUCCEEDED
+    u = status.roles[0].replicas[0].usage
+    assert u is not None and not u.oom_killed
+    assert u.cpu_time == pytest.approx(own["cpu"], rel=0.2)
+    assert u.peak_memory == pytest.approx(own["maxrss"], rel=0.2)
+    assert u.wall_time == pytest.approx(own["wall"], rel=0.2)
+    assert u.requested_memory == 1000 << 20
+    # another process's scheduler never saw it run: the exact wall time only
+    other = create_scheduler(sched.session_name)
+    try:
+        desc = other.describe(handle.rsplit("/", 1)[1])
+    finally:
+        other.close()
+    assert desc is not None
+    late = desc.roles_statuses[0].replicas[0].usage
+    assert late is not None and late.cpu_time is None and late.peak_memory is None
+    assert late.wall_time == pytest.approx(u.wall_time, abs=0.01)
 
 
 def test_preflight_reports_every_problem_at_once(sched: DockerScheduler) -> None:

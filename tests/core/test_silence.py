@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.runner import LogLine
-from core.silence import SilenceWatch, check_max_silence
-from core.specs import AppState, AppStatus, ReplicaStatus, RoleStatus
+from core.silence import SilenceWatch, check_max_silence, effective_max_silence
+from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role, RoleStatus, validate_app
 
 
 class Clock:
@@ -67,3 +67,13 @@ def test_max_silence_must_be_a_positive_number(bad: object) -> None:
     with pytest.raises(ValueError, match="max_silence: expected a"):
         check_max_silence(bad)
     assert check_max_silence(None) is None and check_max_silence(3) == 3.0
+
+
+def test_a_waiters_own_max_silence_wins_over_the_apps() -> None:
+    app = AppDef("a", [Role("r", entrypoint="true")], metadata={"max_silence": "30"})
+    assert effective_max_silence(5, app) == 5.0
+    assert effective_max_silence(None, app) == 30.0
+    assert effective_max_silence(None, AppDef("b", app.roles)) is None
+    app.metadata["max_silence"] = "0"
+    with pytest.raises(ValueError, match=r"^metadata.max_silence: expected a positive number"):
+        validate_app(app)

@@ -4,7 +4,6 @@ from accounting (within 20% of what the replica measured), OUT_OF_MEMORY named, 
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -131,8 +130,8 @@ def test_preflight_reports_a_bad_partition_and_the_estimated_start(
 
 
 def test_oom_killed_component_is_named_with_its_peak() -> None:
-    """OUT_OF_MEMORY from accounting becomes the replica's message (this test cluster cannot
-    produce it: see test_the_cluster_enforces_memory)."""
+    """OUT_OF_MEMORY from accounting (task/cgroup enforcement) becomes the replica's message
+    (the test cluster enforces with OverMemoryKill instead: the test below)."""
     rows = [
         ["7+0", "w-0", "OUT_OF_MEMORY", "12", "00:03.500", "", "512M"],
         ["7+0.batch", "batch", "OUT_OF_MEMORY", "12", "00:00.010", "9000K", ""],
@@ -156,17 +155,51 @@ def test_oom_killed_component_is_named_with_its_peak() -> None:
     assert resp.msg.startswith("w/0 killed: out of memory")
 
 
-def test_the_cluster_enforces_memory() -> None:
-    """A replica past its --mem is killed only where Slurm enforces memory (task/cgroup, or
-    JobAcctGatherParams=OverMemoryKill). The test cluster (scripts/start_slurm.sh) does not:
-    this test says so instead of pretending."""
-    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
-    if config.returncode != 0:
-        pytest.skip("no local Slurm commands")
-    text = config.stdout
-    enforced = "task/cgroup" in text or "OverMemoryKill" in text
-    if not enforced:
-        pytest.skip(
-            "the test cluster does not enforce --mem (TaskPlugin=task/none, no"
-            " JobAcctGatherParams=OverMemoryKill): an over-allocating replica is not killed"
-        )
+HOG = r"""
+import time
+held = []
+for _ in range(200):  # 20 MiB more every 50 ms, touched, until Slurm kills it
+    b = bytearray(20 << 20)
+    for i in range(0, len(b), 4096):
+        b[i] = 1
+    held.append(b)
+    time.sleep(0.05)
+"""
+
+
+def test_a_replica_past_its_mem_is_named_out_of_memory_with_its_peak(
+    command_cluster: Cluster,
+) -> None:
+    """The test cluster enforces --mem as OverMemoryKill does (scripts/start_slurm.sh): the
+    replica is killed, and its message names the OOM kill with its sampled peak."""
+    cluster = command_cluster
+    job_dir, _ = cluster.job_dir("oom")
+    app = AppDef(
+        "oom",
+        [
+            Role("hog", entrypoint=cluster.python, args=["-c", HOG], resource=Resource(1, 0, 300)),
+            Role("ok", entrypoint="true"),
+        ],
+    )
+    app_id = cluster.submit(app, {"job_dir": job_dir})
+    assert cluster.wait_done(app_id, timeout=300).state == AppState.FAILED
+
+    def replica(desc: DescribeAppResponse, role: str) -> ReplicaStatus:
+        return next(rs.replicas[0] for rs in desc.roles_statuses if rs.role == role)
+
+    def named() -> Any:
+        desc = cluster.sched.describe(app_id)
+        return desc if desc is not None and replica(desc, "hog").usage is not None else None
+
+    desc = wait(named, 60, "accounting to have the killed step")
+    hog = replica(desc, "hog")
+    assert hog.state == AppState.FAILED and hog.usage.oom_killed
+    assert hog.usage.requested_memory == 300 << 20
+    assert hog.usage.peak_memory > 300 << 20  # (sampled just before the kill)
+    peak = hog.usage.peak_memory >> 20
+    assert str(hog.structured_error_msg) == (
+        f"hog/0 killed: out of memory (peak {peak} MiB of 300 MiB requested)"
+    )
+    assert desc.msg.startswith("hog/0 killed: out of memory")
+    ok = replica(desc, "ok")
+    assert ok.usage is not None and not ok.usage.oom_killed

@@ -285,6 +285,22 @@ def test_result_and_usage_reach_xcom(airflow_api: AirflowAPI, dag_id: str) -> No
     assert all(u["wall_time"] >= 0 and u["cpu_time"] >= 0 for u in usage.values()), usage
 
 
+def test_docker_usage_sampled_by_the_triggerer_reaches_xcom(airflow_api: AirflowAPI) -> None:
+    """The worker resuming the task never saw the container run: the CPU time and peak in
+    its usage XCom are the triggerer's samples, handed over in the trigger event."""
+    require("docker", docker_problem())
+    # (the sleep: a triggerer that has just started takes a few seconds to its first poll)
+    burn = "t=$(($(date +%s) + 3)); while [ $(date +%s) -lt $t ]; do :; done; sleep 6"
+    run = airflow_api.trigger(
+        "shipyard_deploy_docker_deferrable", {"name": unique("dusage"), "script": burn}
+    )
+    assert run.wait() == "success"
+    usage = run.xcom("job", "usage")
+    assert sorted(usage) == ["job/0"], usage
+    u = usage["job/0"]
+    assert u["wall_time"] >= 8 and u["cpu_time"] > 0.5 and u["peak_memory"] > 0, u
+
+
 def test_marking_a_running_task_failed_cancels_its_job(
     airflow_api: AirflowAPI, deploy_runner: Any, gate: Path
 ) -> None:

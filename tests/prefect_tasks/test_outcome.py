@@ -83,6 +83,19 @@ def test_max_silence_cancels_a_job_whose_replica_hangs(name: str) -> None:
         assert runner.wait(handle, wait_interval=0.1).state == AppState.CANCELLED
 
 
+def test_an_apps_own_max_silence_applies_to_run_job(name: str) -> None:
+    app = sh_app(name, {"w": (2, HANGS)})
+    app.metadata["max_silence"] = "2"
+    with pytest.raises(JobSilentError) as info:
+        run_job(app, poll_interval=0.2)
+    assert info.value.silent == ["w/0"]
+    assert "no log line for 2s from w/0 (max_silence)" in str(info.value)
+    app.metadata["max_silence"] = "soon"
+    with pytest.raises(ValueError, match="metadata.max_silence: expected a positive number"):
+        run_job(app)
+    assert len(apps_named(name)) == 1  # (the bad one started nothing)
+
+
 def test_max_silence_must_be_a_positive_number() -> None:
     with pytest.raises(ValueError, match="max_silence: expected a positive number"):
         wait_for_job.fn("local_cwd://s/x", max_silence=0)

@@ -6,7 +6,8 @@
   ``get_archive``, which works on stopped containers too; once retention removed the
   containers, from the copy :mod:`.retire` keeps in the app's tombstone archive.
 - OOM kills: a failed replica whose container the engine marks ``OOMKilled`` is named so
-  ("killed: out of memory (peak X of Y requested)"); its peak is the memory limit it hit.
+  ("killed: out of memory (peak X of Y requested)"); its peak is its sampled high-water mark
+  (see :mod:`.usage`), or the memory limit it hit.
 - Pre-flight: every role's image on the engine or to be had from its registry (as the ``pull``
   policy says; nothing is pulled), bind sources and devices there, the engine reachable.
 """
@@ -29,7 +30,7 @@ from core.schedulers.docker.model import (
     LABEL_ROLE_NAME,
     RESULT_PATH,
 )
-from core.specs import AppDef, AppState, ResourceUsage
+from core.specs import AppDef, AppState
 
 __all__ = [
     "apply_oom",
@@ -89,30 +90,17 @@ def read_archived_result(role: str, k: int, data: bytes | None) -> ReplicaResult
     return parse_result(role, k, data)
 
 
-def apply_oom(api: Any, resp: DescribeAppResponse, containers: list[dict[str, Any]]) -> None:
-    """Names the failed replicas the engine OOM-killed (one inspect per failed replica that
-    died of SIGKILL, the only exit an OOM kill gives)."""
-    by_name = {
-        (
-            (c.get("Labels") or {}).get(LABEL_ROLE_NAME),
-            (c.get("Labels") or {}).get(LABEL_REPLICA_ID),
-        ): c
-        for c in containers
-    }
+def apply_oom(resp: DescribeAppResponse) -> None:
+    """Names the failed replicas the engine OOM-killed (their usage says so: see
+    :mod:`.usage`); one never sampled gets the limit it hit as its peak."""
     ooms = []
     for rs in resp.roles_statuses:
         for r in rs.replicas:
-            c = by_name.get((rs.role, str(r.id)))
-            if c is None or r.state != AppState.FAILED or r.exit_code not in (137, -9):
+            u = r.usage
+            if u is None or not u.oom_killed or r.state != AppState.FAILED:
                 continue
-            info = api.inspect_container(c["Id"])
-            if not (info.get("State") or {}).get("OOMKilled"):
-                continue
-            limit = int((info.get("HostConfig") or {}).get("Memory") or 0) or None
-            r.usage = r.usage or ResourceUsage(requested_memory=limit)
-            r.usage.oom_killed = True
-            r.usage.peak_memory = r.usage.peak_memory or limit  # (it hit its limit)
-            msg = f"{rs.role}/{r.id} " + oom_message(r.usage.peak_memory, limit)
+            u.peak_memory = max(u.peak_memory or 0, u.requested_memory or 0) or None
+            msg = f"{rs.role}/{r.id} " + oom_message(u.peak_memory, u.requested_memory)
             r.structured_error_msg = json.dumps({"message": msg, "exit_code": r.exit_code})
             ooms.append(msg)
     if ooms:

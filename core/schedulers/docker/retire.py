@@ -50,6 +50,7 @@ from core.schedulers.docker.model import (
     replica_state,
 )
 from core.schedulers.docker.submit import remove_network, stop_and_remove
+from core.schedulers.docker.usage import UsageBook
 from core.specs import AppState, is_terminal
 
 log = logging.getLogger(__name__)
@@ -234,9 +235,12 @@ class _archiver:
 class Janitor:
     """Retires ended apps of every session (see the module's docstring). One per scheduler."""
 
-    def __init__(self, api: Callable[[], Any], pool: Callable[[], ThreadPoolExecutor]) -> None:
+    def __init__(
+        self, api: Callable[[], Any], pool: Callable[[], ThreadPoolExecutor], usage: UsageBook
+    ) -> None:
         self._api = api
         self._pool = pool
+        self._usage = usage
         self._lock = threading.Lock()
         self._last = 0.0
         self._running = False
@@ -299,6 +303,7 @@ class Janitor:
         if now - float(labels.get(LABEL_SUBMITTED) or now) < retention:
             return
         if now - _ended_at(api, containers) >= retention:
+            self._usage.apply(api, [(resp, containers)])  # (kept in the tombstone)
             write_tombstone(api, app_id, containers, resp, resp.state)
             archive_logs(api, app_id, containers)
             stop_and_remove(api, containers, cancel=False)

@@ -35,6 +35,7 @@ from core.schedulers.docker.model import (
     container_name,
     is_cancelling,
 )
+from core.schedulers.docker.usage import UsageBook
 from core.specs import AppDef, AppDryRunInfo, AppState, CfgVal, is_terminal, runopts
 from core.workspace import DockerWorkspaceMixin
 
@@ -71,7 +72,8 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         self._engine = docker_engine
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._janitor = retire.Janitor(lambda: self._api, self._executor)
+        self._usage = UsageBook(self._executor)
+        self._janitor = retire.Janitor(lambda: self._api, self._executor, self._usage)
 
     # -- resources ---------------------------------------------------------------------------
 
@@ -176,9 +178,20 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             app_id, containers, lambda: state.list_records(api, flt), self._restarts, time.time()
         )
         self._sweep_if_ended(resp, containers)
-        if resp is not None and resp.state == AppState.FAILED and containers:
-            outcome.apply_oom(api, resp, containers)
+        self._apply_usage([(resp, containers)])
         return resp
+
+    def _apply_usage(
+        self, described: Iterable[tuple[DescribeAppResponse | None, state.Containers]]
+    ) -> None:
+        """Each replica's usage (see :mod:`.usage`), and the OOM kills named."""
+        found = [(resp, cs) for resp, cs in described if resp is not None and cs]
+        if not found:
+            return
+        self._usage.apply(self._api, found)
+        for resp, _ in found:
+            if resp.state == AppState.FAILED:
+                outcome.apply_oom(resp)
 
     def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
         """The collected replicas' results, copied out of their containers (stopped ones
@@ -237,6 +250,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             containers = grouped.get(app_id, [])
             out[app_id] = state.resolve(app_id, containers, all_records, self._restarts, now)
             self._sweep_if_ended(out[app_id], containers)
+        self._apply_usage((out[a], grouped.get(a, [])) for a in app_ids)
         return out
 
     def _restarts(self, containers: state.Containers) -> dict[str, int]:

@@ -34,7 +34,16 @@ from core.schedulers.docker.model import (
     is_cancelling,
     replica_state,
 )
-from core.specs import NONE, AppState, ReplicaStatus, RetryPolicy, Role, RoleStatus, is_terminal
+from core.specs import (
+    NONE,
+    AppState,
+    ReplicaStatus,
+    ResourceUsage,
+    RetryPolicy,
+    Role,
+    RoleStatus,
+    is_terminal,
+)
 
 Containers = list[dict[str, Any]]
 Labels = Mapping[str, str]
@@ -243,6 +252,7 @@ def from_tombstone(app_id: str, labels: Labels) -> DescribeAppResponse:
                 r["role"],
                 hostname(r["role"], rid),
                 exit_code=r.get("exit_code"),
+                usage=ResourceUsage.from_json(r["usage"]) if r.get("usage") else None,
             )
         )
     for rs in by_role.values():
@@ -290,6 +300,7 @@ def final_replicas(resp: DescribeAppResponse, default: AppState) -> list[dict[st
             "id": r.id,
             "state": (r.state if is_terminal(r.state) else default).name,
             "exit_code": r.exit_code,
+            **({"usage": r.usage.to_json()} if r.usage is not None else {}),
         }
         for rs in resp.roles_statuses
         for r in rs.replicas

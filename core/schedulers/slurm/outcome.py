@@ -7,7 +7,8 @@
   component's ``srun`` step, ``ReqMem`` of its allocation), for ended jobs over the command
   transports (slurmrestd's accounting is not read: usage stays None there). ``MaxRSS`` is
   sampled by the job accounting plugin; the script asks for a sample every second
-  (``--acctg-freq=task=1``). A component ending ``OUT_OF_MEMORY`` is named so.
+  (``--acctg-freq=task=1``). A component ending ``OUT_OF_MEMORY``, or cancelled past its
+  ``--mem`` by ``OverMemoryKill``, is named so.
 - Pre-flight: ``sbatch --test-only`` of each component alone (partition, constraint, time,
   resources), with Slurm's estimated start time as an ``info`` problem.
 """
@@ -147,10 +148,21 @@ def parse_usage(out: str) -> dict[str, Usage]:
             peak_memory=_bytes(maxrss) if maxrss else None,
             requested_memory=req.get(alloc),
         )
-        usage.oom_killed = slurm_state(state) == "OUT_OF_MEMORY"
+        usage.oom_killed = _oom_killed(slurm_state(state), usage)
         job = alloc.split("+", 1)[0]  # (a heterogeneous job's components are <id>+<n>)
         found.setdefault(job, {})[names[alloc]] = (usage, slurm_state(state))
     return found
+
+
+def _oom_killed(state: str, usage: ResourceUsage) -> bool:
+    """Killed for memory: ``OUT_OF_MEMORY`` (task/cgroup), or, where the accounting plugin
+    enforces ``--mem`` (``JobAcctGatherParams=OverMemoryKill``), a step cancelled with a
+    sampled peak past its request (that plugin kills only then; a cgroup holds the peak at
+    the limit)."""
+    if state == "OUT_OF_MEMORY":
+        return True
+    peak, req = usage.peak_memory, usage.requested_memory
+    return state in ("CANCELLED", "FAILED") and bool(peak and req and peak > req)
 
 
 def fetch_usage(client: SlurmClient, job_ids: list[str]) -> dict[str, Usage] | None:

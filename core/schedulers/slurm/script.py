@@ -268,6 +268,12 @@ class SlurmBatchRequest:
         ]
         for i, rep in enumerate(reps):
             lines += rep.env_exports(i)
+        if len(reps) > 1:
+            lines += [
+                "# srun refuses components that mix the cluster's DefMemPerCPU with --mem; those"
+                " without a request get their allocation's memory",
+                "unset $(compgen -v SLURM_MEM_PER_CPU)",
+            ]
         lines += ["", "srun \\"]
         for i, rep in enumerate(reps):
             if i:

@@ -35,6 +35,8 @@ export SHIPYARD_ENV_2_2="$SLURM_JOB_ID"
 export SHIPYARD_ENV_2_3=trainer
 export SHIPYARD_ENV_2_4=1
 export SHIPYARD_ENV_2_5=2
+# srun refuses components that mix the cluster's DefMemPerCPU with --mem; those without a request get their allocation's memory
+unset $(compgen -v SLURM_MEM_PER_CPU)
 
 srun \
     --output=slurm-"$SLURM_JOB_ID"-ps-0.out --error=slurm-"$SLURM_JOB_ID"-ps-0.err --open-mode=append /bin/sh -c 'export SHIPYARD_APP_ID="$SHIPYARD_ENV_0_0" SHIPYARD_ROLE_NAME="$SHIPYARD_ENV_0_1" SHIPYARD_REPLICA_ID="$SHIPYARD_ENV_0_2" SHIPYARD_NUM_REPLICAS="$SHIPYARD_ENV_0_3" SHIPYARD_RESULT_FILE="$SHIPYARD_RESULT_DIR/ps-0.json"; unset SHIPYARD_ENV_0_0 SHIPYARD_ENV_0_1 SHIPYARD_ENV_0_2 SHIPYARD_ENV_0_3 SHIPYARD_ENV_1_0 SHIPYARD_ENV_1_1 SHIPYARD_ENV_1_2 SHIPYARD_ENV_1_3 SHIPYARD_ENV_1_4 SHIPYARD_ENV_1_5 SHIPYARD_ENV_2_0 SHIPYARD_ENV_2_1 SHIPYARD_ENV_2_2 SHIPYARD_ENV_2_3 SHIPYARD_ENV_2_4 SHIPYARD_ENV_2_5; exec "$@"' shipyard-replica /bin/echo 'replica 0' \

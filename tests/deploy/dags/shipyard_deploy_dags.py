@@ -141,3 +141,32 @@ with DAG(
         stream_logs=True,
     )
     submit >> wait
+
+# A deferred job on the Docker engine: its CPU time and peak are sampled by the triggerer
+# (the engine keeps none after the container exits) and reach the worker in the trigger event.
+with DAG(
+    dag_id="shipyard_deploy_docker_deferrable",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params=PARAMS,
+    tags=["shipyard", "deploy-test"],
+):
+    ShipyardOperator(
+        task_id="job",
+        app={
+            "name": "{{ params.name }}",
+            "roles": [
+                {
+                    "name": "job",
+                    "image": "shipyard-test/busybox:latest",
+                    "entrypoint": "sh",
+                    "args": ["-c", "{{ params.script }}"],
+                }
+            ],
+        },
+        scheduler="local_docker",
+        deferrable=True,
+        poll_interval=0.5,
+        execution_timeout=timedelta(minutes=10),
+    )

@@ -1,0 +1,164 @@
+"""What a Docker app's replicas used: wall time, CPU time, peak memory, the memory limit, and
+whether the kernel OOM-killed them.
+
+The engine keeps no figures once a container has exited (``docker stats`` of a stopped
+container is all zeros), so the scheduler samples its stats while it describes a running
+replica, each container at most once per :data:`SAMPLE_EVERY` seconds, and keeps the last
+sample. So:
+
+- wall time is exact: the container's start and finish times (``docker inspect``);
+- CPU time is the container cgroup's total at the last sample (short by what the replica
+  used after it, at most one poll of work);
+- peak memory is the cgroup's high-water mark (``max_usage``, cgroup v1), or on cgroup v2,
+  where the engine reports none, the largest sampled use without inactive file cache;
+- a process that never described the replica while it ran has its wall time only (the
+  Airflow trigger hands its figures to the task that resumes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.schedulers.api import DescribeAppResponse
+from core.schedulers.docker.model import LABEL_REPLICA_ID, LABEL_ROLE_NAME, parse_docker_time
+from core.specs import ResourceUsage
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SAMPLE_EVERY", "UsageBook", "cpu_seconds", "memory_peak"]
+
+#: seconds between two stats samples of one container
+SAMPLE_EVERY = 1.0
+#: how long the figures of an ended container are kept (seconds after it was last described)
+KEEP_FOR = 24 * 3600.0
+
+
+def cpu_seconds(stats: Mapping[str, Any]) -> float | None:
+    """The container's CPU seconds so far, from an engine stats sample."""
+    total = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+    return total / 1e9 if total else None
+
+
+def memory_peak(stats: Mapping[str, Any]) -> int | None:
+    """The cgroup's high-water mark (v1), else its use without inactive file cache (v2)."""
+    mem = stats.get("memory_stats") or {}
+    if mem.get("max_usage"):
+        return int(mem["max_usage"])
+    usage = mem.get("usage")
+    if not usage:
+        return None
+    inactive = (mem.get("stats") or {}).get("inactive_file", 0)
+    return int(usage) - int(inactive)
+
+
+@dataclass
+class _Figures:
+    """One container's figures, as far as known."""
+
+    started: float | None = None
+    finished: float | None = None
+    limit: int | None = None
+    oom_killed: bool = False
+    cpu: float | None = None
+    peak: int | None = None
+    sampled_at: float = 0.0
+    seen_at: float = field(default_factory=time.time)
+
+    def usage(self, now: float) -> ResourceUsage:
+        end = self.finished if self.finished is not None else now
+        wall = max(end - self.started, 0.0) if self.started is not None else None
+        return ResourceUsage(wall, self.cpu, self.peak, self.limit, self.oom_killed)
+
+
+class UsageBook:
+    """The figures of the containers one scheduler described (the single owner of them)."""
+
+    def __init__(self, pool: Callable[[], ThreadPoolExecutor]) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._figures: dict[str, _Figures] = {}
+
+    def apply(
+        self, api: Any, described: list[tuple[DescribeAppResponse, list[dict[str, Any]]]]
+    ) -> None:
+        """Puts each replica's usage on its app's response (``(response, its containers)``
+        pairs): samples the stats of the running containers whose last sample is due, and
+        inspects each container once while it runs and once after it ended."""
+        now = time.time()
+        todo = [c for _, containers in described for c in containers if self._due(c, now)]
+        if todo:
+            list(self._pool().map(lambda c: self._refresh(api, c, now), todo))
+        with self._lock:
+            for resp, containers in described:
+                self._assign(resp, containers, now)
+            self._forget(now)
+
+    def _assign(
+        self, resp: DescribeAppResponse, containers: list[dict[str, Any]], now: float
+    ) -> None:
+        by_replica = {_replica_key(c): c["Id"] for c in containers}
+        for rs in resp.roles_statuses:
+            for r in rs.replicas:
+                figures = self._figures.get(by_replica.get((rs.role, str(r.id)), ""))
+                if figures is not None:
+                    figures.seen_at = now
+                    r.usage = figures.usage(now)
+
+    def _due(self, c: Mapping[str, Any], now: float) -> bool:
+        with self._lock:
+            figures = self._figures.get(c["Id"])
+        if figures is None or (_ended(c) and figures.finished is None):
+            return True
+        return c.get("State") == "running" and now - figures.sampled_at >= SAMPLE_EVERY
+
+    def _refresh(self, api: Any, c: Mapping[str, Any], now: float) -> None:
+        from docker.errors import APIError
+
+        cid = c["Id"]
+        with self._lock:
+            figures = self._figures.setdefault(cid, _Figures())
+        try:
+            if figures.started is None or (_ended(c) and figures.finished is None):
+                _inspect(api.inspect_container(cid), figures)
+            if c.get("State") == "running":
+                stats = api.stats(cid, stream=False, one_shot=True)
+                _sample(stats, figures, now)
+        except APIError as e:  # (removed meanwhile: its figures stay as they were)
+            log.debug("usage of container %s: %s", cid[:12], e)
+
+    def _forget(self, now: float) -> None:
+        for cid in [k for k, f in self._figures.items() if now - f.seen_at > KEEP_FOR]:
+            del self._figures[cid]
+
+
+def _replica_key(c: Mapping[str, Any]) -> tuple[str, str]:
+    labels = c.get("Labels") or {}
+    return labels.get(LABEL_ROLE_NAME, ""), labels.get(LABEL_REPLICA_ID, "")
+
+
+def _ended(c: Mapping[str, Any]) -> bool:
+    return c.get("State") in ("exited", "dead")
+
+
+def _inspect(info: Mapping[str, Any], figures: _Figures) -> None:
+    st = info.get("State") or {}
+    figures.started = parse_docker_time(st.get("StartedAt") or "")
+    if st.get("Status") in ("exited", "dead"):
+        figures.finished = parse_docker_time(st.get("FinishedAt") or "")
+    figures.limit = int((info.get("HostConfig") or {}).get("Memory") or 0) or None
+    figures.oom_killed = bool(st.get("OOMKilled"))
+
+
+def _sample(stats: Mapping[str, Any], figures: _Figures, now: float) -> None:
+    cpu, peak = cpu_seconds(stats), memory_peak(stats)
+    if cpu is not None:
+        figures.cpu = max(cpu, figures.cpu or 0.0)
+    if peak is not None:
+        figures.peak = max(peak, figures.peak or 0)
+    figures.sampled_at = now
