@@ -605,6 +605,7 @@ class ResourceUsage:
         peak_memory: its peak memory in bytes (resident set / cgroup high-water mark)
         requested_memory: the memory it asked for in bytes (None: no request)
         oom_killed: True if it was killed for running out of memory
+        peak_gpu_memory: its GPUs' peak memory in bytes, where the backend gathers it
     """
 
     wall_time: float | None = None
@@ -612,6 +613,7 @@ class ResourceUsage:
     peak_memory: int | None = None
     requested_memory: int | None = None
     oom_killed: bool = False
+    peak_gpu_memory: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready form."""
@@ -635,6 +637,8 @@ class ResourceUsage:
         if self.peak_memory is not None:
             of = f" of {format_bytes(self.requested_memory)}" if self.requested_memory else ""
             parts.append(f"peak {format_bytes(self.peak_memory)}{of}")
+        if self.peak_gpu_memory is not None:
+            parts.append(f"GPU peak {format_bytes(self.peak_gpu_memory)}")
         if self.oom_killed:
             parts.append("OOM killed")
         return ", ".join(parts) or "no figures"

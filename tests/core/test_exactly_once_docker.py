@@ -138,8 +138,8 @@ def _outcome(sched: DockerScheduler, runner: Runner, key: str, api: Any) -> str:
 
     # past its deadline the app is RUNNING with every container started, or FAILED
     def settled() -> Any:
+        states = {c["State"] for c in key_containers(api, key)}  # (first: they only go on)
         s = runner.status(handle)
-        states = {c["State"] for c in key_containers(api, key)}
         done = s is not None and (s.state == AppState.FAILED or states == {"running"})
         return s if done else None
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from core.reports import format_bytes
 from core.runner import Runner
 from core.schedulers.api import DescribeAppResponse
 from core.schedulers.slurm import outcome
@@ -155,6 +156,18 @@ def test_oom_killed_component_is_named_with_its_peak() -> None:
     assert resp.msg.startswith("w/0 killed: out of memory")
 
 
+def test_gpu_memory_peak_from_tres_usage() -> None:
+    """Where the cluster gathers GPU usage, TRESUsageInMax has gres/gpumem (this one does not)."""
+    tres = "cpu=00:01:00,gres/gpumem=3000M,gres/gpuutil=97,mem=2G,vmem=3G"
+    rows = [
+        ["9", "t-0", "COMPLETED", "70", "", "", "4000M", ""],
+        ["9.0", "python3", "COMPLETED", "70", "01:00.000", "2G", "", tres],
+    ]
+    usage, _ = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))["9"]["t-0"]
+    assert usage.peak_gpu_memory == 3000 << 20 and usage.peak_memory == 2 << 30
+    assert usage.format() == "wall 70.0s, cpu 60.0s, peak 2 GiB of 3.9 GiB, GPU peak 2.9 GiB"
+
+
 HOG = r"""
 import time
 held = []
@@ -196,9 +209,9 @@ def test_a_replica_past_its_mem_is_named_out_of_memory_with_its_peak(
     assert hog.state == AppState.FAILED and hog.usage.oom_killed
     assert hog.usage.requested_memory == 300 << 20
     assert hog.usage.peak_memory > 300 << 20  # (sampled just before the kill)
-    peak = hog.usage.peak_memory >> 20
+    peak = format_bytes(hog.usage.peak_memory)
     assert str(hog.structured_error_msg) == (
-        f"hog/0 killed: out of memory (peak {peak} MiB of 300 MiB requested)"
+        f"hog/0 killed: out of memory (peak {peak} of 300 MiB requested)"
     )
     assert desc.msg.startswith("hog/0 killed: out of memory")
     ok = replica(desc, "ok")

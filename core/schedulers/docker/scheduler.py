@@ -35,7 +35,7 @@ from core.schedulers.docker.model import (
     container_name,
     is_cancelling,
 )
-from core.schedulers.docker.usage import UsageBook
+from core.schedulers.docker.usage import POLL_SAMPLES, UsageBook
 from core.specs import AppDef, AppDryRunInfo, AppState, CfgVal, is_terminal, runopts
 from core.workspace import DockerWorkspaceMixin
 
@@ -182,13 +182,15 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         return resp
 
     def _apply_usage(
-        self, described: Iterable[tuple[DescribeAppResponse | None, state.Containers]]
+        self,
+        described: Iterable[tuple[DescribeAppResponse | None, state.Containers]],
+        budget: int | None = None,
     ) -> None:
         """Each replica's usage (see :mod:`.usage`), and the OOM kills named."""
         found = [(resp, cs) for resp, cs in described if resp is not None and cs]
         if not found:
             return
-        self._usage.apply(self._api, found)
+        self._usage.apply(self._api, found, budget)
         for resp, _ in found:
             if resp.state == AppState.FAILED:
                 outcome.apply_oom(resp)
@@ -250,7 +252,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             containers = grouped.get(app_id, [])
             out[app_id] = state.resolve(app_id, containers, all_records, self._restarts, now)
             self._sweep_if_ended(out[app_id], containers)
-        self._apply_usage((out[a], grouped.get(a, [])) for a in app_ids)
+        self._apply_usage(((out[a], grouped.get(a, [])) for a in app_ids), POLL_SAMPLES)
         return out
 
     def _restarts(self, containers: state.Containers) -> dict[str, int]:

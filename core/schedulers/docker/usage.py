@@ -3,10 +3,11 @@ whether the kernel OOM-killed them.
 
 The engine keeps no figures once a container has exited (``docker stats`` of a stopped
 container is all zeros), so the scheduler samples its stats while it describes a running
-replica, each container at most once per :data:`SAMPLE_EVERY` seconds, and keeps the last
-sample. So:
+replica, each container at most once per :data:`SAMPLE_EVERY` seconds (a poll of many apps
+takes at most :data:`POLL_SAMPLES` samples, the stalest first), and keeps the last sample. So:
 
-- wall time is exact: the container's start and finish times (``docker inspect``);
+- wall time is exact: the container's start and finish times (``docker inspect``, once while
+  it runs and once after, when its app is described alone);
 - CPU time is the container cgroup's total at the last sample (short by what the replica
   used after it, at most one poll of work);
 - peak memory is the cgroup's high-water mark (``max_usage``, cgroup v1), or on cgroup v2,
@@ -31,10 +32,12 @@ from core.specs import ResourceUsage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SAMPLE_EVERY", "UsageBook", "cpu_seconds", "memory_peak"]
+__all__ = ["POLL_SAMPLES", "SAMPLE_EVERY", "UsageBook", "cpu_seconds", "memory_peak"]
 
 #: seconds between two stats samples of one container
 SAMPLE_EVERY = 1.0
+#: the most stats samples one poll of many apps (``describe_many``) takes
+POLL_SAMPLES = 8
 #: how long the figures of an ended container are kept (seconds after it was last described)
 KEEP_FOR = 24 * 3600.0
 
@@ -85,15 +88,25 @@ class UsageBook:
         self._figures: dict[str, _Figures] = {}
 
     def apply(
-        self, api: Any, described: list[tuple[DescribeAppResponse, list[dict[str, Any]]]]
+        self,
+        api: Any,
+        described: list[tuple[DescribeAppResponse, list[dict[str, Any]]]],
+        budget: int | None = None,
     ) -> None:
         """Puts each replica's usage on its app's response (``(response, its containers)``
-        pairs): samples the stats of the running containers whose last sample is due, and
-        inspects each container once while it runs and once after it ended."""
+        pairs): samples the stats of the running containers whose last sample is due.
+
+        ``budget`` None (one app described): every due container is sampled, and each is
+        inspected once while it runs and once after it ended (start, finish, limit, OOM).
+        Else (many apps at once, a poll): at most ``budget`` samples, the stalest first, and
+        no inspection, so a poll stays a few engine calls.
+        """
         now = time.time()
-        todo = [c for _, containers in described for c in containers if self._due(c, now)]
+        todo = [c for _, cs in described for c in cs if self._due(c, now, budget is None)]
+        if budget is not None:
+            todo = sorted(todo, key=self._sampled_at)[:budget]
         if todo:
-            list(self._pool().map(lambda c: self._refresh(api, c, now), todo))
+            list(self._pool().map(lambda c: self._refresh(api, c, now, budget is None), todo))
         with self._lock:
             for resp, containers in described:
                 self._assign(resp, containers, now)
@@ -110,26 +123,29 @@ class UsageBook:
                     figures.seen_at = now
                     r.usage = figures.usage(now)
 
-    def _due(self, c: Mapping[str, Any], now: float) -> bool:
+    def _sampled_at(self, c: Mapping[str, Any]) -> float:
         with self._lock:
             figures = self._figures.get(c["Id"])
-        if figures is None or (_ended(c) and figures.finished is None):
+        return figures.sampled_at if figures is not None else 0.0
+
+    def _due(self, c: Mapping[str, Any], now: float, inspect: bool) -> bool:
+        with self._lock:
+            figures = self._figures.get(c["Id"])
+        if inspect and (figures is None or (_ended(c) and figures.finished is None)):
             return True
-        return c.get("State") == "running" and now - figures.sampled_at >= SAMPLE_EVERY
+        sampled_at = figures.sampled_at if figures is not None else 0.0
+        return c.get("State") == "running" and now - sampled_at >= SAMPLE_EVERY
 
-    def _refresh(self, api: Any, c: Mapping[str, Any], now: float) -> None:
-        from docker.errors import APIError
-
+    def _refresh(self, api: Any, c: Mapping[str, Any], now: float, inspect: bool) -> None:
         cid = c["Id"]
         with self._lock:
             figures = self._figures.setdefault(cid, _Figures())
         try:
-            if figures.started is None or (_ended(c) and figures.finished is None):
+            if inspect and (figures.started is None or (_ended(c) and figures.finished is None)):
                 _inspect(api.inspect_container(cid), figures)
             if c.get("State") == "running":
-                stats = api.stats(cid, stream=False, one_shot=True)
-                _sample(stats, figures, now)
-        except APIError as e:  # (removed meanwhile: its figures stay as they were)
+                _sample(api.stats(cid, stream=False, one_shot=True), figures, now)
+        except Exception as e:  # (removed meanwhile, ...: its figures stay as they were)
             log.debug("usage of container %s: %s", cid[:12], e)
 
     def _forget(self, now: float) -> None:

@@ -6,8 +6,9 @@
 - Usage: from accounting (``sacct``: ``ElapsedRaw``, ``TotalCPU``, ``MaxRSS`` of each
   component's ``srun`` step, ``ReqMem`` of its allocation), for ended jobs over the command
   transports (slurmrestd's accounting is not read: usage stays None there). ``MaxRSS`` is
-  sampled by the job accounting plugin; the script asks for a sample every second
-  (``--acctg-freq=task=1``). A component ending ``OUT_OF_MEMORY``, or cancelled past its
+  sampled by the job accounting plugin (so is the GPU memory peak, ``gres/gpumem`` of
+  ``TRESUsageInMax``, where the cluster gathers GPU usage); the script asks for a sample
+  every second (``--acctg-freq=task=1``). A component ending ``OUT_OF_MEMORY``, or cancelled past its
   ``--mem`` by ``OverMemoryKill``, is named so.
 - Pre-flight: ``sbatch --test-only`` of each component alone (partition, constraint, time,
   resources), with Slurm's estimated start time as an ``info`` problem.
@@ -43,7 +44,16 @@ log = logging.getLogger(__name__)
 
 __all__ = ["USAGE_FIELDS", "apply_usage", "parse_usage", "preflight", "read_results"]
 
-USAGE_FIELDS = ("JobID", "JobName", "State", "ElapsedRaw", "TotalCPU", "MaxRSS", "ReqMem")
+USAGE_FIELDS = (
+    "JobID",
+    "JobName",
+    "State",
+    "ElapsedRaw",
+    "TotalCPU",
+    "MaxRSS",
+    "ReqMem",
+    "TRESUsageInMax",
+)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 _START_RE = re.compile(r"to start at (\S+)(?: using (\d+) processors)?(?: on nodes (\S+))?")
 
@@ -133,9 +143,10 @@ def parse_usage(out: str) -> dict[str, Usage]:
     found: dict[str, Usage] = {}
     for line in out.splitlines():
         parts = line.split(SEP)
-        if len(parts) < len(USAGE_FIELDS):
+        if len(parts) < len(USAGE_FIELDS) - 1:
             continue
-        job_id, name, state, elapsed, cpu, maxrss, reqmem = parts[: len(USAGE_FIELDS)]
+        parts += [""] * (len(USAGE_FIELDS) - len(parts))  # (TRESUsageInMax is optional)
+        job_id, name, state, elapsed, cpu, maxrss, reqmem, tres = parts[: len(USAGE_FIELDS)]
         alloc, _, step = job_id.partition(".")
         if not step:
             names[alloc], req[alloc] = name, _bytes(reqmem)
@@ -147,11 +158,22 @@ def parse_usage(out: str) -> dict[str, Usage]:
             cpu_time=_seconds(cpu),
             peak_memory=_bytes(maxrss) if maxrss else None,
             requested_memory=req.get(alloc),
+            peak_gpu_memory=_gpu_memory(tres),
         )
         usage.oom_killed = _oom_killed(slurm_state(state), usage)
         job = alloc.split("+", 1)[0]  # (a heterogeneous job's components are <id>+<n>)
         found.setdefault(job, {})[names[alloc]] = (usage, slurm_state(state))
     return found
+
+
+def _gpu_memory(tres: str) -> int | None:
+    """The ``gres/gpumem`` peak of a step's ``TRESUsageInMax`` (only where the cluster gathers
+    GPU usage: ``AcctGatherGpuType``/NVML), in bytes."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpumem":
+            return _bytes(value)
+    return None
 
 
 def _oom_killed(state: str, usage: ResourceUsage) -> bool:
