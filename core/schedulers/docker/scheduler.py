@@ -97,7 +97,8 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             return self._pool
 
     def close(self) -> None:
-        """Closes the thread pool and the docker client. Never raises."""
+        """Closes the thread pools and the docker client. Never raises."""
+        self._usage.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)

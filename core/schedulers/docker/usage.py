@@ -36,6 +36,8 @@ __all__ = ["POLL_SAMPLES", "SAMPLE_EVERY", "UsageBook", "cpu_seconds", "memory_p
 
 #: seconds between two stats samples of one container
 SAMPLE_EVERY = 1.0
+#: threads taking stats samples (each waits up to a second for the engine's next collection)
+SAMPLERS = 4
 #: the most stats samples one poll of many apps (``describe_many``) takes
 POLL_SAMPLES = 8
 #: how long the figures of an ended container are kept (seconds after it was last described)
@@ -80,12 +82,19 @@ class _Figures:
 
 
 class UsageBook:
-    """The figures of the containers one scheduler described (the single owner of them)."""
+    """The figures of the containers one scheduler described (the single owner of them).
+
+    Inspections (a few ms) are made while describing; stats samples are not: the engine
+    answers one only at its next collection (up to a second), so they are taken in the
+    background, at most one at a time per container, and the next describe shows them.
+    """
 
     def __init__(self, pool: Callable[[], ThreadPoolExecutor]) -> None:
         self._pool = pool
         self._lock = threading.Lock()
         self._figures: dict[str, _Figures] = {}
+        self._sampling: set[str] = set()
+        self._sampler: ThreadPoolExecutor | None = None
 
     def apply(
         self,
@@ -94,23 +103,41 @@ class UsageBook:
         budget: int | None = None,
     ) -> None:
         """Puts each replica's usage on its app's response (``(response, its containers)``
-        pairs): samples the stats of the running containers whose last sample is due.
+        pairs), and starts samples of the running containers whose last one is due.
 
         ``budget`` None (one app described): every due container is sampled, and each is
         inspected once while it runs and once after it ended (start, finish, limit, OOM).
         Else (many apps at once, a poll): at most ``budget`` samples, the stalest first, and
-        no inspection, so a poll stays a few engine calls.
+        no inspection, so a poll stays one engine call.
         """
         now = time.time()
-        todo = [c for _, cs in described for c in cs if self._due(c, now, budget is None)]
-        if budget is not None:
-            todo = sorted(todo, key=self._sampled_at)[:budget]
-        if todo:
-            list(self._pool().map(lambda c: self._refresh(api, c, now, budget is None), todo))
+        containers = [c for _, cs in described for c in cs]
+        if budget is None:
+            todo = [c for c in containers if self._inspect_due(c)]
+            if todo:
+                list(self._pool().map(lambda c: self._inspect(api, c), todo))
         with self._lock:
-            for resp, containers in described:
-                self._assign(resp, containers, now)
+            due = [c for c in containers if self._sample_due(c, now)]
+            due = sorted(due, key=lambda c: self._figures[c["Id"]].sampled_at)[:budget]
+            for c in due:
+                self._sampling.add(c["Id"])
+            for resp, cs in described:
+                self._assign(resp, cs, now)
             self._forget(now)
+        for c in due:
+            self._sampler_pool().submit(self._sample, api, c["Id"])
+
+    def close(self) -> None:
+        """Stops taking samples (those under way end on their own)."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.shutdown(wait=False, cancel_futures=True)
+
+    def _sampler_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._sampler is None:
+                self._sampler = ThreadPoolExecutor(SAMPLERS, thread_name_prefix="shipyard-stats")
+            return self._sampler
 
     def _assign(
         self, resp: DescribeAppResponse, containers: list[dict[str, Any]], now: float
@@ -123,30 +150,41 @@ class UsageBook:
                     figures.seen_at = now
                     r.usage = figures.usage(now)
 
-    def _sampled_at(self, c: Mapping[str, Any]) -> float:
+    def _inspect_due(self, c: Mapping[str, Any]) -> bool:
         with self._lock:
             figures = self._figures.get(c["Id"])
-        return figures.sampled_at if figures is not None else 0.0
+        return (
+            figures is None or figures.started is None or (_ended(c) and figures.finished is None)
+        )
 
-    def _due(self, c: Mapping[str, Any], now: float, inspect: bool) -> bool:
-        with self._lock:
-            figures = self._figures.get(c["Id"])
-        if inspect and (figures is None or (_ended(c) and figures.finished is None)):
-            return True
-        sampled_at = figures.sampled_at if figures is not None else 0.0
-        return c.get("State") == "running" and now - sampled_at >= SAMPLE_EVERY
+    def _sample_due(self, c: Mapping[str, Any], now: float) -> bool:
+        figures = self._figures.setdefault(c["Id"], _Figures())
+        return (
+            c.get("State") == "running"
+            and c["Id"] not in self._sampling
+            and now - figures.sampled_at >= SAMPLE_EVERY
+        )
 
-    def _refresh(self, api: Any, c: Mapping[str, Any], now: float, inspect: bool) -> None:
-        cid = c["Id"]
-        with self._lock:
-            figures = self._figures.setdefault(cid, _Figures())
+    def _inspect(self, api: Any, c: Mapping[str, Any]) -> None:
         try:
-            if inspect and (figures.started is None or (_ended(c) and figures.finished is None)):
-                _inspect(api.inspect_container(cid), figures)
-            if c.get("State") == "running":
-                _sample(api.stats(cid, stream=False, one_shot=True), figures, now)
+            info = api.inspect_container(c["Id"])
         except Exception as e:  # (removed meanwhile, ...: its figures stay as they were)
-            log.debug("usage of container %s: %s", cid[:12], e)
+            log.debug("inspecting container %s: %s", c["Id"][:12], e)
+            return
+        with self._lock:
+            _inspected(info, self._figures.setdefault(c["Id"], _Figures()))
+
+    def _sample(self, api: Any, cid: str) -> None:
+        try:
+            stats = api.stats(cid, stream=False, one_shot=True)
+        except Exception as e:
+            log.debug("stats of container %s: %s", cid[:12], e)
+            stats = None
+        with self._lock:
+            self._sampling.discard(cid)
+            figures = self._figures.get(cid)
+            if figures is not None:  # (a failed one waits its turn too)
+                _sampled(stats or {}, figures, time.time())
 
     def _forget(self, now: float) -> None:
         for cid in [k for k, f in self._figures.items() if now - f.seen_at > KEEP_FOR]:
@@ -162,7 +200,7 @@ def _ended(c: Mapping[str, Any]) -> bool:
     return c.get("State") in ("exited", "dead")
 
 
-def _inspect(info: Mapping[str, Any], figures: _Figures) -> None:
+def _inspected(info: Mapping[str, Any], figures: _Figures) -> None:
     st = info.get("State") or {}
     figures.started = parse_docker_time(st.get("StartedAt") or "")
     if st.get("Status") in ("exited", "dead"):
@@ -171,7 +209,7 @@ def _inspect(info: Mapping[str, Any], figures: _Figures) -> None:
     figures.oom_killed = bool(st.get("OOMKilled"))
 
 
-def _sample(stats: Mapping[str, Any], figures: _Figures, now: float) -> None:
+def _sampled(stats: Mapping[str, Any], figures: _Figures, now: float) -> None:
     cpu, peak = cpu_seconds(stats), memory_peak(stats)
     if cpu is not None:
         figures.cpu = max(cpu, figures.cpu or 0.0)
