@@ -263,6 +263,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
     def execute(self, context: Context) -> Any:
         app = self._app_def()  # bad input fails here, before anything starts
         self._ui_url_template()
+        self._max_silence()
         self.log.info(
             "app %s (%d roles) on %s",
             app.name,

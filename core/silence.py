@@ -13,6 +13,7 @@ Nothing here imports Airflow or Prefect.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -21,10 +22,12 @@ from typing import Any
 from core.follow import END, LogFollower
 from core.polling import status_poller
 from core.runner import LogLine, Runner, get_runner
-from core.specs import AppDef, AppHandle, AppState, AppStatus, app_max_silence, check_max_silence
+from core.specs import AppDef, AppHandle, AppState, AppStatus
 
 __all__ = [
+    "APP_MAX_SILENCE",
     "JobSilentError",
+    "app_max_silence",
     "SilenceWatch",
     "check_max_silence",
     "effective_max_silence",
@@ -42,6 +45,43 @@ class JobSilentError(RuntimeError):
         super().__init__(message)
         self.handle = handle
         self.silent = silent
+
+
+#: the app ``metadata`` key of the app's own hang limit (seconds, e.g. ``"600"``)
+APP_MAX_SILENCE = "max_silence"
+
+
+def check_max_silence(value: Any, where: str = "max_silence") -> float | None:
+    """``value`` as seconds (None: no limit).
+
+    Raises:
+        ValueError: naming ``where``, for anything but a positive number or None.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{where}: expected a positive number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: expected a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def app_max_silence(app: AppDef) -> float | None:
+    """The app's own ``max_silence`` (its ``metadata["max_silence"]``, seconds; None: none),
+    which a waiter given none of its own applies.
+
+    Raises:
+        ValueError: naming ``metadata.max_silence``, for anything but a positive number.
+    """
+    raw = app.metadata.get(APP_MAX_SILENCE) if isinstance(app.metadata, dict) else None
+    if raw is None:
+        return None
+    where = f"metadata.{APP_MAX_SILENCE}"
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected a positive number of seconds, got {raw!r}") from None
+    return check_max_silence(value, where)
 
 
 def effective_max_silence(own: Any, app: AppDef | None) -> float | None:

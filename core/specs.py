@@ -9,7 +9,6 @@ into a request (:class:`AppDryRunInfo`) and then into a running app addressed by
 from __future__ import annotations
 
 import copy
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -422,43 +421,6 @@ def _check_int(value: Any, where: str, minimum: int, what: str) -> None:
         raise ValueError(f"{where}: expected {what}, got {value!r}")
 
 
-#: the app ``metadata`` key of the app's own hang limit (seconds, e.g. ``"600"``)
-APP_MAX_SILENCE = "max_silence"
-
-
-def check_max_silence(value: Any, where: str = "max_silence") -> float | None:
-    """``value`` as seconds (None: no limit).
-
-    Raises:
-        ValueError: naming ``where``, for anything but a positive number or None.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{where}: expected a positive number of seconds, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: expected a finite number of seconds, got {value!r}")
-    return float(value)
-
-
-def app_max_silence(app: AppDef) -> float | None:
-    """The app's own ``max_silence`` (its ``metadata["max_silence"]``, seconds; None: none),
-    which a waiter given none of its own applies.
-
-    Raises:
-        ValueError: naming ``metadata.max_silence``, for anything but a positive number.
-    """
-    raw = app.metadata.get(APP_MAX_SILENCE) if isinstance(app.metadata, dict) else None
-    if raw is None:
-        return None
-    where = f"metadata.{APP_MAX_SILENCE}"
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: expected a positive number of seconds, got {raw!r}") from None
-    return check_max_silence(value, where)
-
-
 def validate_app(app: AppDef) -> None:
     """Validates an app before anything is started.
 
@@ -486,7 +448,6 @@ def validate_app(app: AppDef) -> None:
         _check_env(role.env, where)
         _check_counts(role, where)
         _check_resources(role, where)
-    app_max_silence(app)
 
 
 def _check_command(role: Role, where: str) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from core.runner import LogLine
 from core.silence import SilenceWatch, check_max_silence, effective_max_silence
-from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role, RoleStatus, validate_app
+from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role, RoleStatus
 
 
 class Clock:
@@ -76,4 +76,4 @@ def test_a_waiters_own_max_silence_wins_over_the_apps() -> None:
     assert effective_max_silence(None, AppDef("b", app.roles)) is None
     app.metadata["max_silence"] = "0"
     with pytest.raises(ValueError, match=r"^metadata.max_silence: expected a positive number"):
-        validate_app(app)
+        effective_max_silence(None, app)
