@@ -125,7 +125,11 @@ def _load_app(args: argparse.Namespace) -> AppDef:
 
 
 def _print_status(handle: str, status: Any, result: AppResult | None = None) -> None:
+    from core.reports import over_requests
+
     print(f"{handle}\n{status.format()}")
+    for line in over_requests(status.roles) if status.is_terminal() else ():
+        print(f"Over-request: {line}")
     for r in result.replicas if result is not None else ():
         if r.error:
             print(f"Result error: {r.error}")

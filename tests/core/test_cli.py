@@ -319,6 +319,7 @@ name: cli-result
 roles:
   - name: train
     entrypoint: python3
+    resource: {memMB: 4096}
     args:
       - "-c"
       - "import json, os; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]);
@@ -342,7 +343,10 @@ def test_results_and_usage_through_run_wait_and_status(tmp_path: Path) -> None:
     # each replica's line has what it used (wall and CPU time; the peak of one that used more
     # memory than the submitting process, here 200 MiB)
     train = next(line for line in r.stdout.splitlines() if line.startswith("  train/0 "))
-    assert "wall " in train and "peak " in train, train
+    assert "wall " in train and "peak " in train and " of 4 GiB" in train, train
+    # asked for 4 GiB, used about 200 MiB: flagged
+    (over,) = [line for line in r.stdout.splitlines() if line.startswith("Over-request: ")]
+    assert over.startswith("Over-request: train/0: requested 4 GiB, peak 2"), over
 
     data = json.loads(sh("status", handle, "--json").stdout)
     by_name = {f"{x['role']}/{x['replica_id']}": x for x in data["result"]}

@@ -2,14 +2,15 @@
 whether the kernel OOM-killed them.
 
 The engine keeps no figures once a container has exited (``docker stats`` of a stopped
-container is all zeros), so the scheduler samples its stats while it describes a running
-replica, each container at most once per :data:`SAMPLE_EVERY` seconds (a poll of many apps
-takes at most :data:`POLL_SAMPLES` samples, the stalest first), and keeps the last sample. So:
+container is all zeros), so whenever the scheduler describes a running replica it has its
+stats sampled in the background, each container at most once per :data:`SAMPLE_EVERY`
+seconds (a poll of many apps starts at most :data:`POLL_SAMPLES`, the stalest first), and
+keeps the last sample. So:
 
 - wall time is exact: the container's start and finish times (``docker inspect``, once while
   it runs and once after, when its app is described alone);
 - CPU time is the container cgroup's total at the last sample (short by what the replica
-  used after it, at most one poll of work);
+  used after it: a second or two of work, or one poll interval if longer);
 - peak memory is the cgroup's high-water mark (``max_usage``, cgroup v1), or on cgroup v2,
   where the engine reports none, the largest sampled use without inactive file cache;
 - a process that never described the replica while it ran has its wall time only (the

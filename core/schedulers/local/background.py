@@ -19,6 +19,7 @@ import collections
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -48,8 +49,9 @@ _WARM = 2.0  # seconds it keeps ticking after its last activity
 _ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )
-_BOOT = (
-    f"import sys; sys.path.insert(0, {_ROOT!r});"
+_BOOT = (  # (it may be started from the background thread: signals unblocked first)
+    "import signal; signal.pthread_sigmask(signal.SIG_SETMASK, ());"
+    f" import sys; sys.path.insert(0, {_ROOT!r});"
     " from core.schedulers.local.collector import main; sys.exit(main(sys.argv[1:]))"
 )
 
@@ -95,6 +97,18 @@ class _Child:
             except OSError as e:
                 log.debug("could not record the usage of %s/%d: %s", self.app.path, self.index, e)
         return True
+
+
+def _start_deaf_to_stop_signals(thread: threading.Thread) -> None:
+    """Starts ``thread`` with SIGINT and SIGTERM blocked, so the kernel hands them to the main
+    thread: one taken by this thread would leave Python's handler (which runs in the main
+    thread) waiting until the main thread's blocking call, e.g. a long ``time.sleep``, ends."""
+    stop = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def start_collector(app_dir: str, grace: float) -> subprocess.Popen[bytes] | None:
@@ -167,7 +181,7 @@ class Background:
                 self._thread = threading.Thread(
                     target=self._run, name="shipyard-local", daemon=True
                 )
-                self._thread.start()
+                _start_deaf_to_stop_signals(self._thread)
                 return
         if self._asleep:  # read after the append: no wake-up is lost (see _wait)
             self._wake()
