@@ -28,6 +28,7 @@ Standard library only: the log collector process imports this module too.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -50,18 +51,31 @@ class UnsafeStateError(ValueError):
 
 def state_root() -> str:
     """``$SHIPYARD_STATE_DIR`` else ``$XDG_STATE_HOME/shipyard`` else ``~/.local/state/shipyard``."""
-    root = os.environ.get(STATE_DIR_ENV)
-    if not root:
-        xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(
-            os.path.expanduser("~"), ".local", "state"
-        )
-        root = os.path.join(xdg, "shipyard")
-    return os.path.abspath(root)
+    env = os.environ
+    return _roots(env.get(STATE_DIR_ENV), env.get("XDG_STATE_HOME"), env.get("HOME"))[0]
 
 
 def apps_root() -> str:
     """The directory holding one directory per local app."""
-    return os.path.join(state_root(), "local")
+    env = os.environ
+    return _roots(env.get(STATE_DIR_ENV), env.get("XDG_STATE_HOME"), env.get("HOME"))[1]
+
+
+# Cached by the variables they depend on (and the working directory, for a relative one):
+# every describe and result read asks (bench row "trivial app: submit -> result").
+def _roots(state: str | None, xdg: str | None, home: str | None) -> tuple[str, str]:
+    given = state or xdg or ""
+    return _roots_in(state, xdg, home, os.getcwd() if given[:1] not in ("/", "") else "")
+
+
+@functools.lru_cache(maxsize=16)
+def _roots_in(state: str | None, xdg: str | None, home: str | None, cwd: str) -> tuple[str, str]:
+    root = state
+    if not root:
+        base = xdg or os.path.join(os.path.expanduser("~"), ".local", "state")
+        root = os.path.join(base, "shipyard")
+    root = os.path.normpath(os.path.join(cwd, root))
+    return root, os.path.join(root, "local")
 
 
 def check_private(path: str, what: str, st: os.stat_result | None = None) -> None:
