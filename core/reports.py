@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,13 +244,26 @@ def usage_summary(statuses: Iterable[RoleStatus]) -> list[str]:
     return lines
 
 
-def with_usage(status: AppStatus, ask_again: Callable[[], AppStatus | None]) -> AppStatus:
-    """An ended app's ``status``, asked again (``ask_again()``) if a replica has no usage in it
-    yet: a backend may record it a moment after the end (a local replica's, once its wrapper
-    is reaped)."""
-    if all(r.usage is not None for rs in status.roles for r in rs.replicas):
-        return status
-    return ask_again() or status
+#: how long an ended app's usage is waited for (a backend may record it a moment after the
+#: end: a local replica's once its wrapper is reaped, which a loaded host delays)
+USAGE_WAIT = 2.0
+
+
+def with_usage(
+    status: AppStatus, ask_again: Callable[[], AppStatus | None], wait: float = USAGE_WAIT
+) -> AppStatus:
+    """An ended app's ``status``, asked again (``ask_again()``, backing off) for at most
+    ``wait`` seconds while a replica has no usage in it (one a backend cannot measure, e.g.
+    over slurmrestd, stays without)."""
+    deadline = time.monotonic() + wait
+    delay = 0.02
+    while not all(r.usage is not None for rs in status.roles for r in rs.replicas):
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+        status = ask_again() or status
+    return status
 
 
 def usage_by_replica(statuses: Iterable[RoleStatus]) -> dict[str, dict[str, Any]]:
