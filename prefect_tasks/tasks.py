@@ -21,6 +21,7 @@ never be skipped because an earlier run had the same inputs. Options such as ``r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -291,12 +292,25 @@ def _report_usage(runner: Runner, handle: AppHandle, status: AppStatus | None, l
         for rs in status.roles
         for r in rs.replicas
     ]  # fmt: skip
+    description = f"Shipyard job {handle}: usage per replica"
     try:
-        from prefect.artifacts import create_table_artifact
+        from prefect.artifacts import acreate_table_artifact, create_table_artifact
 
-        create_table_artifact(rows, description=f"Shipyard job {handle}: usage per replica")
+        if _loop_running():
+            create_table_artifact(rows, description=description)
+        else:  # (in the thread of an async task's body the sync call would only hand back a
+            # coroutine: the async one is run to its end on a loop of this thread's own)
+            asyncio.run(acreate_table_artifact(rows, description=description))
     except Exception as e:  # outside a run, or the API refused: the log has the figures
         logger.debug("no usage artifact for %s: %s", handle, e)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 wait_for_job_async = _async_task(

@@ -3,6 +3,7 @@ the log and a table artifact, and max_silence cancels a job whose replica hangs.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -10,7 +11,15 @@ from prefect import flow
 
 from core.silence import JobSilentError
 from core.specs import AppDef, AppState, Role
-from prefect_tasks import JobResult, get_job_result, run_job, submit_job, wait_for_job
+from prefect_tasks import (
+    JobResult,
+    get_job_result,
+    run_job,
+    submit_job,
+    submit_job_async,
+    wait_for_job,
+    wait_for_job_async,
+)
 from tests.prefect_tasks.helpers import apps_named, flow_run_logs, sh_app
 
 WRITE = (
@@ -47,6 +56,21 @@ def test_run_job_returns_the_results_and_reports_usage(name: str) -> None:
     (table,) = [a for a in _artifacts(state.state_details.flow_run_id) if a.type == "table"]
     assert f"Shipyard job {result.handle}" in (table.description or "")
     assert "train/0" in str(table.data) and "wall_time" in str(table.data)
+
+
+def test_the_async_wait_makes_its_usage_artifact_too(name: str) -> None:
+    """Its body runs in a thread of an async task run, where Prefect's artifact call would
+    hand back a coroutine nobody awaits."""
+
+    @flow
+    async def waits() -> Any:
+        handle = await submit_job_async(sh_app(name, {"w": (1, "echo hi")}))
+        return await wait_for_job_async(handle)
+
+    state = asyncio.run(waits(return_state=True))  # type: ignore[call-overload]
+    assert state.is_completed(), state
+    tables = [a for a in _artifacts(state.state_details.flow_run_id) if a.type == "table"]
+    assert len(tables) == 1 and "w/0" in str(tables[0].data), tables
 
 
 def test_get_job_result_in_a_flow(name: str) -> None:
