@@ -76,6 +76,10 @@ class _Figures:
     sampled_at: float = 0.0
     seen_at: float = field(default_factory=time.time)
 
+    def known(self) -> bool:
+        """Whether an inspection or a sample gave a figure yet."""
+        return self.started is not None or self.cpu is not None or self.peak is not None
+
     def usage(self, now: float) -> ResourceUsage:
         end = self.finished if self.finished is not None else now
         wall = max(end - self.started, 0.0) if self.started is not None else None
@@ -147,7 +151,7 @@ class UsageBook:
         for rs in resp.roles_statuses:
             for r in rs.replicas:
                 figures = self._figures.get(by_replica.get((rs.role, str(r.id)), ""))
-                if figures is not None:
+                if figures is not None and figures.known():
                     figures.seen_at = now
                     r.usage = figures.usage(now)
 
@@ -159,12 +163,10 @@ class UsageBook:
         )
 
     def _sample_due(self, c: Mapping[str, Any], now: float) -> bool:
+        if c.get("State") != "running" or c["Id"] in self._sampling:
+            return False
         figures = self._figures.setdefault(c["Id"], _Figures())
-        return (
-            c.get("State") == "running"
-            and c["Id"] not in self._sampling
-            and now - figures.sampled_at >= SAMPLE_EVERY
-        )
+        return now - figures.sampled_at >= SAMPLE_EVERY
 
     def _inspect(self, api: Any, c: Mapping[str, Any]) -> None:
         try:
