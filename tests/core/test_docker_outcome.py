@@ -12,6 +12,7 @@ import pytest
 from core.runner import Runner
 from core.schedulers.docker_scheduler import DockerScheduler, create_scheduler
 from core.specs import AppDef, AppState, BindMount, DeviceMount, Resource, Role
+from tests.core.usage_probe import MEASURE
 from tests.services import require
 
 IMAGE = "shipyard-test/busybox:latest"
@@ -104,23 +105,6 @@ def test_oom_kill_is_named_with_its_peak(sched: DockerScheduler) -> None:
     assert status.msg.startswith("m/0 killed: out of memory (peak 64 MiB of 64 MiB requested)")
     replica = status.roles[0].replicas[0]
     assert replica.usage is not None and replica.usage.oom_killed
-
-
-# runs ~6 s, holds ~200 MiB, burns 3 s of CPU first, reports what it measured of itself
-MEASURE = r"""
-import json, os, resource, time
-t0, c0 = time.time(), time.process_time()
-b = bytearray(200 * 1024 * 1024)
-for i in range(0, len(b), 4096):
-    b[i] = 1
-while time.process_time() - c0 < 3.0:
-    pass
-while time.time() - t0 < 6.0:
-    time.sleep(0.05)
-ru = resource.getrusage(resource.RUSAGE_SELF)
-json.dump({"cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024,
-           "wall": time.time() - t0}, open(os.environ["SHIPYARD_RESULT_FILE"], "w"))
-"""
 
 
 def _python_image(docker_client: Any) -> str:

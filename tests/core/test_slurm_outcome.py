@@ -17,26 +17,12 @@ from core.schedulers.slurm import outcome
 from core.schedulers.slurm.jobinfo import SEP
 from core.specs import AppDef, AppState, ReplicaStatus, Resource, Role, RoleStatus, make_app_handle
 from tests.core.slurm_clusters import TRANSPORTS, Cluster, make_cluster, wait
+from tests.core.usage_probe import MEASURE
 
 WRITE = (
     "import json, os; json.dump({'rank': os.environ['SHIPYARD_REPLICA_ID'], 'ok': True},"
     " open(os.environ['SHIPYARD_RESULT_FILE'], 'w'))"
 )
-# runs ~6 s (sacct's Elapsed has whole seconds), holds ~200 MiB, reports what it measured
-MEASURE = r"""
-import json, os, resource, time
-t0, c0 = time.time(), time.process_time()
-b = bytearray(200 * 1024 * 1024)
-for i in range(0, len(b), 4096):
-    b[i] = 1
-while time.process_time() - c0 < 3.0:
-    pass
-while time.time() - t0 < 6.0:
-    time.sleep(0.05)
-ru = resource.getrusage(resource.RUSAGE_SELF)
-json.dump({"cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024,
-           "wall": time.time() - t0}, open(os.environ["SHIPYARD_RESULT_FILE"], "w"))
-"""
 
 
 @pytest.fixture(params=TRANSPORTS)

@@ -8,8 +8,8 @@
   transports (slurmrestd's accounting is not read: usage stays None there). ``MaxRSS`` is
   sampled by the job accounting plugin (so is the GPU memory peak, ``gres/gpumem`` of
   ``TRESUsageInMax``, where the cluster gathers GPU usage); the script asks for a sample
-  every second (``--acctg-freq=task=1``). A component ending ``OUT_OF_MEMORY``, or cancelled past its
-  ``--mem`` by ``OverMemoryKill``, is named so.
+  every second (``--acctg-freq=task=1``). A component ending ``OUT_OF_MEMORY``, or killed
+  past its ``--mem`` by ``OverMemoryKill``, is named so.
 - Pre-flight: ``sbatch --test-only`` of each component alone (partition, constraint, time,
   resources), with Slurm's estimated start time as an ``info`` problem.
 """
@@ -178,8 +178,8 @@ def _gpu_memory(tres: str) -> int | None:
 
 def _oom_killed(state: str, usage: ResourceUsage) -> bool:
     """Killed for memory: ``OUT_OF_MEMORY`` (task/cgroup), or, where the accounting plugin
-    enforces ``--mem`` (``JobAcctGatherParams=OverMemoryKill``), a step cancelled with a
-    sampled peak past its request (that plugin kills only then; a cgroup holds the peak at
+    enforces ``--mem`` (``JobAcctGatherParams=OverMemoryKill``), a step cancelled or failed
+    with a sampled peak past its request (that plugin kills only then; a cgroup holds the peak at
     the limit)."""
     if state == "OUT_OF_MEMORY":
         return True
