@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 from core.schedulers import get_scheduler_factories
 from core.schedulers.api import IDEMPOTENCY_KEY, Stream
 from core.schedulers.local.appdir import AppDir
+from core.schedulers.local.supervise import final_state, identities, observe
 from core.schedulers.local_scheduler import (
     CWDImageProvider,
     LocalDirectoryImageProvider,
@@ -508,6 +510,30 @@ def test_cancel_right_after_submit_is_never_missed() -> None:
             assert [r.exit_code for r in desc.roles_statuses[0].replicas] == [-15, -15], app_id
     finally:
         s.close()
+
+
+def test_an_observer_that_looked_before_a_cancel_still_sees_it(sched: LocalScheduler) -> None:
+    """The log collector observes while a cancel runs in another process: it read the markers,
+    then the cancel marked the app and killed its replicas, then it found them dead. It must
+    take the SIGTERMs as the cancel's, not as failures (CI saw a cancelled app end FAILED)."""
+    app_id = sched.submit(AppDef("raced", [sh("echo started; sleep 60", "r", 2)]), {})
+    wait_for(lambda: list(sched.log_iter(app_id, "r", 1, streams=Stream.STDOUT)), what="output")
+    app = AppDir(state_dir(), app_id)
+    record = app.read_record()
+    assert record is not None
+
+    def cancel_then_look(indices: list[int]) -> list[bool]:
+        # (the cancel's own describe would write the final state; the race is before that)
+        app.mark(AppDir.CANCELLED, json.dumps(time.time()))
+        for g in indices:
+            identities(record)[g].signal_group(signal.SIGTERM)
+        wait_for(lambda: not any(identities(record)[g].alive() for g in indices), what="ends")
+        return [False for _ in indices]
+
+    obs = observe(app, record, alive=cancel_then_look)
+    assert obs is not None and obs.cancelled and not obs.running
+    assert final_state(app, record, obs).state == "CANCELLED"
+    assert wait_terminal(sched, app_id) == AppState.CANCELLED
 
 
 def test_cancel_escalates_to_sigkill(tmp_path: Path) -> None:

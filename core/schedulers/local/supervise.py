@@ -66,7 +66,12 @@ def observe(
     states = alive(unknown) if alive is not None else [idents[g].alive() for g in unknown]
     running = {g for g, up in zip(unknown, states, strict=True) if up}
     if len(running) < len(unknown):
-        recorded = app.exits()  # written since it was read?
+        # ended since the first look: its exit code, and a cancel's or a gang's marker (made
+        # before their signals), may be newer than what was read
+        recorded = app.exits()
+        obs.names = app.names() or names
+        obs.cancelled = AppDir.CANCELLED in obs.names
+        obs.gang = AppDir.GANG in obs.names
     for g in range(len(record.replicas)):
         if g in running and g not in recorded:
             obs.running.append(g)
