@@ -184,7 +184,7 @@ def run(ctx: Ctx) -> list[Row]:
             return dt
 
         sides = {"shipyard": lambda: timed(writes, True), "raw": lambda: timed(plain, False)}
-        fill(row, interleave(sides, ctx.runs * 3, warmup=2))
+        fill(row, interleave(sides, ctx.runs * 12, warmup=2))
 
     sec.measure(
         sec.row(
