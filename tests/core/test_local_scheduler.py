@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ import pytest
 from core.schedulers import get_scheduler_factories
 from core.schedulers.api import IDEMPOTENCY_KEY, Stream
 from core.schedulers.local.appdir import AppDir
-from core.schedulers.local.supervise import final_state, identities, observe
+from core.schedulers.local.supervise import final_state, identities, observe, settle
 from core.schedulers.local_scheduler import (
     CWDImageProvider,
     LocalDirectoryImageProvider,
@@ -534,6 +535,22 @@ def test_an_observer_that_looked_before_a_cancel_still_sees_it(sched: LocalSched
     assert obs is not None and obs.cancelled and not obs.running
     assert final_state(app, record, obs).state == "CANCELLED"
     assert wait_terminal(sched, app_id) == AppState.CANCELLED
+
+
+def test_the_first_final_state_recorded_is_the_one_everybody_gets(sched: LocalScheduler) -> None:
+    """Two observers that both saw every replica end may compute different final states (one
+    looked before a cancel's marker): the first one recorded stays, the second gets it back."""
+    app_id = sched.submit(AppDef("twice", [sh("exit 0")]), {})
+    assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
+    app = AppDir(state_dir(), app_id)
+    record = app.read_record()
+    obs = observe(app, record) if record is not None else None
+    assert record is not None and obs is not None and obs.done is not None
+    stale = dataclasses.replace(obs, done=None, cancelled=True)  # would make it CANCELLED
+
+    assert settle(app, record, stale, grace=2.0) == obs.done
+    assert app.read_final() == obs.done
+    assert not [n for n in os.listdir(app.path) if n.endswith(".tmp")]
 
 
 def test_cancel_escalates_to_sigkill(tmp_path: Path) -> None:

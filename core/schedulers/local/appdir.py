@@ -278,8 +278,23 @@ class AppDir:
         text = _read_text(self.file(self.DONE))
         return None if not text else FinalState.from_json(text)
 
-    def write_final(self, final: FinalState) -> None:
-        _write_atomic(self.file(self.DONE), final.to_json())
+    def write_final(self, final: FinalState) -> FinalState:
+        """Records ``final`` unless another observer recorded a final state first; returns the
+        one on record (it never changes once written)."""
+        path = self.file(self.DONE)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, final.to_json().encode())
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # (whole, and only if there is none)
+        except FileExistsError:
+            return self.read_final() or final
+        finally:
+            os.unlink(tmp)
+        return final
 
     # -- the log collector's lock -----------------------------------------------------------
 
@@ -428,13 +443,3 @@ def _create_exclusive(path: str, data: str) -> bool:
         raise
     os.close(fd)
     return True
-
-
-def _write_atomic(path: str, data: str) -> None:
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)

@@ -82,8 +82,8 @@ def observe(
 
 
 def settle(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> FinalState | None:
-    """Acts on ``obs``, and returns the final state once every replica ended (written to the
-    app's directory by the first to see it).
+    """Acts on ``obs``, and returns the final state once every replica ended (the first
+    observer to record one in the app's directory decides it for all).
 
     * gang semantics: once a replica failed (and the app was not cancelled), the other replicas
       are sent SIGTERM (the ``gang`` marker names the first failure; only one observer acts);
@@ -94,9 +94,7 @@ def settle(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> Fi
     if obs.running:
         _enforce(app, record, obs, grace)
         return None
-    final = final_state(app, record, obs)
-    app.write_final(final)
-    return final
+    return app.write_final(final_state(app, record, obs))
 
 
 def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> None:
