@@ -155,7 +155,7 @@ def test_oom_killed_replica_is_named_with_its_peak(tmp_path: object) -> None:
         resp = response(
             app.app_id, record, FinalState("FAILED", [137], ["FAILED"], "w/0 exited with code 137")
         )
-        apply_usage(resp, app, record)
+        apply_usage(resp, app.usages(), record)
         replica: ReplicaStatus = resp.roles_statuses[0].replicas[0]
         assert replica.usage is not None and replica.usage.oom_killed
         assert (

@@ -553,6 +553,21 @@ def test_the_first_final_state_recorded_is_the_one_everybody_gets(sched: LocalSc
     assert not [n for n in os.listdir(app.path) if n.endswith(".tmp")]
 
 
+def test_an_ended_app_described_from_memory_is_still_gone_once_removed(
+    sched: LocalScheduler,
+) -> None:
+    app_id = sched.submit(AppDef("kept", [sh("exit 3", n=2)]), {})
+    assert wait_terminal(sched, app_id) == AppState.FAILED
+    wait_for(lambda: all(r.usage for r in sched.describe(app_id).roles_statuses[0].replicas),  # type: ignore[union-attr]
+             what="usage of both replicas")  # fmt: skip
+    first = sched.describe(app_id)  # (from memory now: its final state and usage are known)
+    again = sched.describe(app_id)
+    assert first == again and first is not again
+    assert first is not None and [r.exit_code for r in first.roles_statuses[0].replicas] == [3, 3]
+    AppDir(state_dir(), app_id).remove()  # (another process's retention sweep)
+    assert sched.describe(app_id) is None
+
+
 def test_cancel_escalates_to_sigkill(tmp_path: Path) -> None:
     s = create_cwd_scheduler("kill", grace=0.5)
     try:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import resource
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 
 from core.reports import MAX_RESULT_BYTES, ReplicaResult, oom_message, parse_result
@@ -27,7 +29,15 @@ from core.schedulers.local.records import AppRecord, FinalState
 from core.schedulers.local.supervise import describe_code
 from core.specs import NONE, AppState, ReplicaStatus, Resource, ResourceUsage, Role, RoleStatus
 
-__all__ = ["OomCounter", "apply_usage", "peak_rss_kib", "read_results", "record_reaped", "response"]
+__all__ = [
+    "EndedApps",
+    "OomCounter",
+    "apply_usage",
+    "peak_rss_kib",
+    "read_results",
+    "record_reaped",
+    "response",
+]
 
 _KILLED = (137, -9)  # a shell's code for a SIGKILLed command; a wrapper killed itself
 
@@ -119,10 +129,9 @@ def record_reaped(
     app.record_usage(g, json.dumps(usage, separators=(",", ":")))
 
 
-def apply_usage(resp: DescribeAppResponse, app: AppDir, record: AppRecord) -> None:
-    """Puts the recorded usage on the replicas of ``resp``; an OOM-killed replica's message
-    says so (with its peak and what it asked for)."""
-    lines = app.usages()
+def apply_usage(resp: DescribeAppResponse, lines: Mapping[int, str], record: AppRecord) -> None:
+    """Puts the recorded usage (``lines``: :meth:`AppDir.usages`) on the replicas of ``resp``;
+    an OOM-killed replica's message says so (with its peak and what it asked for)."""
     if not lines:
         return
     requested = {r.name: r.resource[2] for r in record.roles}
@@ -189,3 +198,35 @@ def response(app_id: str, record: AppRecord, st: FinalState) -> DescribeAppRespo
         roles_statuses=list(statuses.values()),
         roles=roles,
     )
+
+
+class EndedApps:
+    """Ended apps whose final state and every replica's usage are on record: neither changes
+    again (the first final state recorded stays, and so does a replica's first usage line), so
+    describing them again needs no file read (the status polls of an ended app, its result)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._apps: OrderedDict[str, tuple[FinalState, dict[int, str]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, app_id: str) -> tuple[FinalState, dict[int, str]] | None:
+        with self._lock:
+            return self._apps.get(app_id)
+
+    def put(self, app_id: str, final: FinalState, usages: dict[int, str], replicas: int) -> None:
+        """Keeps an ended app whose ``usages`` has a line for each of its ``replicas``."""
+        if len(usages) < replicas:
+            return
+        with self._lock:
+            self._apps[app_id] = (final, usages)
+            while len(self._apps) > self._size:
+                self._apps.popitem(last=False)
+
+    def forget(self, app_id: str) -> None:
+        with self._lock:
+            self._apps.pop(app_id, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._apps.clear()

@@ -42,7 +42,7 @@ from core.schedulers.local.collector import collect
 from core.schedulers.local.images import ImageProvider, PopenRequest, ReplicaParam
 from core.schedulers.local.logs import LogIterator
 from core.schedulers.local.options import LocalOpts, local_opts, run_opts
-from core.schedulers.local.outcome import apply_usage, read_results, response
+from core.schedulers.local.outcome import EndedApps, apply_usage, read_results, response
 from core.schedulers.local.processes import DEFAULT_GRACE, MARKER_ENV, Identity, terminate
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
 from core.schedulers.local.signals import HANDLERS
@@ -133,6 +133,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         # re-entrant: the signal handler runs in the main thread, maybe while it holds the lock
         self._lock = threading.RLock()
         self._records: OrderedDict[str, AppRecord] = OrderedDict()  # (records never change)
+        self._ended = EndedApps(cache_size * 2)
         self._launched: OrderedDict[str, AppDir] = OrderedDict()  # by this instance
         self._inflight: dict[str, list[Identity]] = {}  # submits in progress
         self._cancelling: dict[str, threading.RLock] = {}
@@ -375,13 +376,21 @@ class LocalScheduler(Scheduler[PopenRequest]):
         if found is None:
             return None
         app, record = found
+        known = self._ended.get(app_id)
+        if known is not None:
+            resp = response(app_id, record, known[0])
+            apply_usage(resp, known[1], record)
+            return resp
         obs = observe(app, record)
         if obs is None:
             return None
         state = obs.done or self._settle(app, record, obs) or running_state(app, obs)
         resp = response(app_id, record, state)
-        if AppDir.USAGE in obs.names:  # (a wrapper was reaped: usage is known)
-            apply_usage(resp, app, record)
+        # (a wrapper was reaped: usage is known)
+        usages = app.usages() if AppDir.USAGE in obs.names else {}
+        apply_usage(resp, usages, record)
+        if obs.done is not None:
+            self._ended.put(app_id, obs.done, usages, len(record.replicas))
         return resp
 
     def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
@@ -642,6 +651,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             with self._lock:
                 self._launched.pop(app.app_id, None)
                 self._records.pop(app.app_id, None)
+            self._ended.forget(app.app_id)
         return waiting
 
     def close(self) -> None:
@@ -652,6 +662,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         HANDLERS.unregister(self)
         with self._lock:
             self._records.clear()
+            self._ended.clear()
             self._launched.clear()
             if self._null >= 0:
                 os.close(self._null)
