@@ -120,9 +120,9 @@ def test_oom_killed_component_is_named_with_its_peak() -> None:
     """OUT_OF_MEMORY from accounting (task/cgroup enforcement) becomes the replica's message
     (the test cluster enforces with OverMemoryKill instead: the test below)."""
     rows = [
-        ["7+0", "w-0", "OUT_OF_MEMORY", "12", "00:03.500", "", "512M"],
-        ["7+0.batch", "batch", "OUT_OF_MEMORY", "12", "00:00.010", "9000K", ""],
-        ["7+0.0", "python3", "OUT_OF_MEMORY", "12", "00:03.490", "524000K", ""],
+        ["7+0", "w-0", "OUT_OF_MEMORY", "12", "00:03.500", "", "512M", "0:125"],
+        ["7+0.batch", "batch", "OUT_OF_MEMORY", "12", "00:00.010", "9000K", "", "0:125"],
+        ["7+0.0", "python3", "OUT_OF_MEMORY", "12", "00:03.490", "524000K", "", "0:125"],
     ]
     usage = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))["7"]
     resp = DescribeAppResponse(
@@ -142,12 +142,33 @@ def test_oom_killed_component_is_named_with_its_peak() -> None:
     assert resp.msg.startswith("w/0 killed: out of memory")
 
 
+@pytest.mark.parametrize(
+    ("state", "code", "oom"),
+    [
+        ("CANCELLED", "0:9", True),  # OverMemoryKill (what the test cluster's killed step shows)
+        ("FAILED", "0:9", True),
+        ("FAILED", "1:0", False),  # past --mem on a cluster that does not enforce it, then failed
+        ("CANCELLED", "0:15", False),  # scancel's SIGTERM
+        ("COMPLETED", "0:0", False),
+    ],
+)
+def test_only_a_sigkilled_step_past_its_request_is_out_of_memory(
+    state: str, code: str, oom: bool
+) -> None:
+    rows = [
+        ["8+0", "w-0", "FAILED", "5", "", "", "300M", "9:0"],
+        ["8+0.0", "python3", state, "5", "00:01.000", "600000K", "", code],
+    ]
+    usage, _ = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))["8"]["w-0"]
+    assert usage.peak_memory == 600000 << 10 and usage.oom_killed is oom
+
+
 def test_gpu_memory_peak_from_tres_usage() -> None:
     """Where the cluster gathers GPU usage, TRESUsageInMax has gres/gpumem (this one does not)."""
     tres = "cpu=00:01:00,gres/gpumem=3000M,gres/gpuutil=97,mem=2G,vmem=3G"
     rows = [
-        ["9", "t-0", "COMPLETED", "70", "", "", "4000M", ""],
-        ["9.0", "python3", "COMPLETED", "70", "01:00.000", "2G", "", tres],
+        ["9", "t-0", "COMPLETED", "70", "", "", "4000M", "0:0", ""],
+        ["9.0", "python3", "COMPLETED", "70", "01:00.000", "2G", "", "0:0", tres],
     ]
     usage, _ = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))["9"]["t-0"]
     assert usage.peak_gpu_memory == 3000 << 20 and usage.peak_memory == 2 << 30

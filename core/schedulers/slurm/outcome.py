@@ -52,6 +52,7 @@ USAGE_FIELDS = (
     "TotalCPU",
     "MaxRSS",
     "ReqMem",
+    "ExitCode",
     "TRESUsageInMax",
 )
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -146,7 +147,7 @@ def parse_usage(out: str) -> dict[str, Usage]:
         if len(parts) < len(USAGE_FIELDS) - 1:
             continue
         parts += [""] * (len(USAGE_FIELDS) - len(parts))  # (TRESUsageInMax is optional)
-        job_id, name, state, elapsed, cpu, maxrss, reqmem, tres = parts[: len(USAGE_FIELDS)]
+        job_id, name, state, elapsed, cpu, maxrss, reqmem, code, tres = parts[: len(USAGE_FIELDS)]
         alloc, _, step = job_id.partition(".")
         if not step:
             names[alloc], req[alloc] = name, _bytes(reqmem)
@@ -160,7 +161,7 @@ def parse_usage(out: str) -> dict[str, Usage]:
             requested_memory=req.get(alloc),
             peak_gpu_memory=_gpu_memory(tres),
         )
-        usage.oom_killed = _oom_killed(slurm_state(state), usage)
+        usage.oom_killed = _oom_killed(slurm_state(state), code, usage)
         job = alloc.split("+", 1)[0]  # (a heterogeneous job's components are <id>+<n>)
         found.setdefault(job, {})[names[alloc]] = (usage, slurm_state(state))
     return found
@@ -176,15 +177,17 @@ def _gpu_memory(tres: str) -> int | None:
     return None
 
 
-def _oom_killed(state: str, usage: ResourceUsage) -> bool:
+def _oom_killed(state: str, exit_code: str, usage: ResourceUsage) -> bool:
     """Killed for memory: ``OUT_OF_MEMORY`` (task/cgroup), or, where the accounting plugin
-    enforces ``--mem`` (``JobAcctGatherParams=OverMemoryKill``), a step cancelled or failed
-    with a sampled peak past its request (that plugin kills only then; a cgroup holds the peak at
-    the limit)."""
+    enforces ``--mem`` (``JobAcctGatherParams=OverMemoryKill``), a step ended by SIGKILL
+    (``ExitCode`` ``0:9``) with a sampled peak past its request: that plugin kills only then
+    (a cgroup holds the peak at the limit). A step that exceeded without enforcement and then
+    exited, or was cancelled with SIGTERM, is not named out of memory."""
     if state == "OUT_OF_MEMORY":
         return True
     peak, req = usage.peak_memory, usage.requested_memory
-    return state in ("CANCELLED", "FAILED") and bool(peak and req and peak > req)
+    killed = exit_code.partition(":")[2] == "9"
+    return state in ("CANCELLED", "FAILED") and killed and bool(peak and req and peak > req)
 
 
 def fetch_usage(client: SlurmClient, job_ids: list[str]) -> dict[str, Usage] | None:
