@@ -34,6 +34,7 @@ import re
 import shlex
 import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -61,6 +62,7 @@ from prefect.workers.base import (
 )
 from pydantic import Field
 
+from core.clusters import get_cluster
 from core.runner import Runner
 from core.schedulers import get_scheduler_factories
 from core.specs import (
@@ -232,10 +234,26 @@ def _job_api_url(configuration: ShipyardJobConfiguration, scheduler: str) -> str
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def _elsewhere(scheduler: str, cfg: Mapping[str, object] | None) -> bool:
+    """Whether the job runs where the worker's files are not: in a container, or on a Slurm
+    cluster reached over SSH or slurmrestd (``cfg.cluster`` with such a transport)."""
+    if scheduler == "local_docker":
+        return True
+    cluster = (cfg or {}).get("cluster")
+    return scheduler == "slurm" and bool(cluster) and get_cluster(str(cluster)).transport != "local"
+
+
 def flow_run_app(
-    configuration: ShipyardJobConfiguration, flow_run: FlowRun, scheduler: str
+    configuration: ShipyardJobConfiguration,
+    flow_run: FlowRun,
+    scheduler: str,
+    cfg: Mapping[str, object] | None = None,
 ) -> AppDef:
-    """The one-role app that runs ``flow_run``.
+    """The one-role app that runs ``flow_run`` with the scheduler's run options ``cfg``.
+
+    ``python`` in the command is the worker's own interpreter where the job runs on the
+    worker's host (as Prefect's process worker does); in a container or on a remote Slurm
+    cluster it is the ``python`` found there, and the worker's ``PREFECT_HOME`` is not passed.
 
     Raises:
         ValueError: naming the job variable that is not usable.
@@ -243,11 +261,12 @@ def flow_run_app(
     argv = shlex.split(configuration.command or _ENGINE_COMMAND)
     if not argv:
         raise ValueError("command: empty")
-    if argv[0] == "python" and scheduler != "local_docker":
-        argv[0] = sys.executable  # the worker's interpreter, as Prefect's process worker does
+    elsewhere = _elsewhere(scheduler, cfg)
+    if argv[0] == "python" and not elsewhere:
+        argv[0] = sys.executable
     env = {k: v for k, v in configuration.env.items() if v is not None}
-    if scheduler == "local_docker":
-        env.pop("PREFECT_HOME", None)  # the worker's directory; the image has its own home
+    if elsewhere:
+        env.pop("PREFECT_HOME", None)  # the worker's directory; the job's host has its own
     api_url = _job_api_url(configuration, scheduler)
     if api_url:
         env["PREFECT_API_URL"] = api_url
@@ -376,7 +395,7 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         app handle as the run's infrastructure pid, and follows the job to its end."""
         backend, runner = await self._backend(configuration)
         assert backend.scheduler is not None
-        app = flow_run_app(configuration, flow_run, backend.scheduler)
+        app = flow_run_app(configuration, flow_run, backend.scheduler, backend.cfg)
         key = idempotency_key(flow_run.id, await self._picked_state(flow_run.id))
 
         def submit() -> AppHandle:

@@ -62,6 +62,20 @@ def test_docker_needs_an_image_and_keeps_python_from_the_image() -> None:
     assert [m.dst_path for m in role.mounts] == ["/code"]
 
 
+def test_remote_slurm_keeps_python_and_home_of_the_cluster() -> None:
+    """On a cluster reached over SSH the worker's interpreter and PREFECT_HOME do not exist:
+    the job runs the cluster's python, with its own home; this host's Slurm gets the worker's."""
+    from core.clusters import ClusterConfig, register_cluster
+
+    register_cluster(ClusterConfig(name="far-away", transport="ssh", host="login.example"))
+    env = {"PREFECT_HOME": "/var/lib/worker-home", "PREFECT_API_URL": "http://a/api"}
+    cfg = ShipyardJobConfiguration(command="python -m prefect.engine", env=env)
+    (far,) = flow_run_app(cfg, flow_run(), "slurm", {"cluster": "far-away"}).roles
+    assert far.entrypoint == "python" and "PREFECT_HOME" not in far.env
+    (near,) = flow_run_app(cfg, flow_run(), "slurm", {"partition": "debug"}).roles
+    assert near.entrypoint == sys.executable and near.env["PREFECT_HOME"] == "/var/lib/worker-home"
+
+
 def test_exit_code() -> None:
     def status(state: AppState, *codes: int | None) -> AppStatus:
         replicas = [ReplicaStatus(i, state, "r", "h", exit_code=c) for i, c in enumerate(codes)]
