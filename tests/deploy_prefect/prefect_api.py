@@ -116,12 +116,12 @@ def restart_worker(kill: bool = True) -> None:
         raise AssertionError(f"start_prefect.sh failed: {proc.stderr}")
 
 
-def deploy(entry: str, job_variables: dict[str, Any] | None = None) -> str:
-    """Deploys the flow ``entry`` of tests/deploy_prefect/flows/deploy_flows.py to the Shipyard
-    pool, from its source directory (``flow.from_source(...).deploy(...)``); returns its id."""
+def deploy(entry: str, job_variables: dict[str, Any] | None = None, directory: Path = FLOWS) -> str:
+    """Deploys the flow ``entry`` of deploy_flows.py (tests/deploy_prefect/flows, or a copy in
+    ``directory``) to the Shipyard pool (``flow.from_source(...).deploy(...)``); returns its id."""
     from prefect import flow
 
-    source = flow.from_source(source=str(FLOWS), entrypoint=f"deploy_flows.py:{entry}")
+    source = flow.from_source(source=str(directory), entrypoint=f"deploy_flows.py:{entry}")
     deployment_id = source.deploy(  # type: ignore[union-attr]
         name=f"{entry}-{uuid.uuid4().hex[:8]}",
         work_pool_name=pool_name(),

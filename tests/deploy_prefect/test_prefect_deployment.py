@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,13 @@ from tests.deploy_prefect.prefect_api import (
     wait_until,
     worker_log,
 )
-from tests.services import docker_problem, require, slurm_problem
+from tests.services import (
+    REMOTE_DIR,
+    docker_problem,
+    require,
+    slurm_problem,
+    slurm_remote_problem,
+)
 
 pytestmark = [pytest.mark.prefect, pytest.mark.timeout(600)]
 
@@ -110,6 +118,45 @@ def test_slurm_deployment_completes(prefect_api: str, deploy_runner: Any) -> Non
     assert parse_app_handle(handle).scheduler_backend == "slurm"
     assert wait_job_final(deploy_runner, handle) == AppState.SUCCEEDED
     run.wait_log(f"{words} from the Shipyard job")
+
+
+def test_remote_slurm_deployment_runs_the_clusters_python(prefect_api: str) -> None:
+    """A worker that is not a login node: the flow run goes to the cluster behind the SSH login
+    node (a Shipyard Backend block holding a Slurm Cluster block, its key a secret of the
+    block) and runs there as the cluster user, with the cluster's own Python
+    (scripts/cluster_python.sh), not the worker's interpreter."""
+    require("slurm_remote", slurm_remote_problem())
+    from prefect_tasks import ShipyardBackend, SlurmCluster
+
+    python = os.environ.get("SHIPYARD_CLUSTER_PYTHON", "/opt/shipyard-cluster-python")
+    require("services", None if os.path.exists(f"{python}/bin/python") else f"no {python}")
+    remote = Path(REMOTE_DIR)
+    cluster = SlurmCluster(
+        cluster_name=f"prefect-ssh-{uuid.uuid4().hex[:6]}",
+        host="127.0.0.1",
+        port=2222,
+        user="hpcuser",
+        private_key=(remote / "userkey").read_text(),
+        known_hosts=str(remote / "known_hosts"),
+        remote_dir="/home/hpcuser/shipyard",
+    )
+    name = f"remote-{uuid.uuid4().hex[:8]}"
+    ShipyardBackend(scheduler="slurm", cfg={"partition": "debug"}, cluster=cluster).save(name)
+    # the flow's code where the cluster user can read it (a shared directory, on a real site)
+    shared = Path(tempfile.mkdtemp(prefix="shipyard-flows-"))
+    try:
+        shared.chmod(0o755)
+        shutil.copy(FLOWS / "deploy_flows.py", shared)
+        (shared / "deploy_flows.py").chmod(0o644)
+        words = greeting()
+        variables = {"backend": name, "command": f"{python}/bin/python -m prefect.engine"}
+        run = start_run(deploy("hello", variables, directory=shared), {"greeting": words})
+        assert run.wait() == "COMPLETED", run.logs()
+        assert parse_app_handle(run.handle()).scheduler_backend == "slurm"
+        line = run.wait_log(f"{words} from the Shipyard job")
+        assert f"python={python}/bin/python " in line and "user=hpcuser" in line, line
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_failing_flow_ends_failed_with_the_exit_code(prefect_api: str, deploy_runner: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,11 @@ from prefect import flow, get_run_logger
 @flow(log_prints=True)
 def hello(greeting: str = "hello") -> str:
     """Prints a line the tests look for in the worker's log and returns where it ran."""
-    where = f"pid={os.getpid()} host={os.uname().nodename} python={sys.version.split()[0]}"
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # (a container's user without a passwd entry)
+        user = str(os.getuid())
+    where = f"pid={os.getpid()} host={os.uname().nodename} python={sys.executable} user={user}"
     print(f"{greeting} from the Shipyard job ({where})")
     return where
 
