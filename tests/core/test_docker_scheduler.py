@@ -554,6 +554,33 @@ def test_cancel_after_the_app_ended_keeps_its_final_state(sched: DockerScheduler
     }
 
 
+def test_records_of_a_retired_app_expire_after_its_record_retention(
+    sched: DockerScheduler, docker_client: Any
+) -> None:
+    """A cancelled app keeps its tombstone and key claim for its ``record_retention`` (7 days
+    by default), then the sweep removes them: volumes do not pile up on a shared engine."""
+
+    def cancelled(cfg: dict[str, Any]) -> tuple[str, str]:
+        key = f"expire-{uuid.uuid4().hex}"
+        app = AppDef("expire", [sh("r", "sleep 60")], metadata={IDEMPOTENCY_KEY: key})
+        app_id = sched.submit(app, cfg)
+        sched.cancel(app_id)
+        return app_id, key
+
+    def volumes(app_id: str) -> int:
+        found = docker_client.api.volumes(filters={"label": f"shipyard.app_id={app_id}"})
+        return len(found.get("Volumes") or [])
+
+    kept, kept_key = cancelled({})
+    gone, gone_key = cancelled({"record_retention": 0})
+    assert volumes(kept) == volumes(gone) == 2  # a tombstone and a claim each
+    sched.sweep()
+    assert sched.describe(kept).state == AppState.CANCELLED  # type: ignore[union-attr]
+    assert sched.find_by_idempotency_key(kept_key) == kept and volumes(kept) == 2
+    assert sched.describe(gone) is None and sched.find_by_idempotency_key(gone_key) is None
+    assert volumes(gone) == 0
+
+
 def test_max_retries_restarts_only_the_failing_replica(sched: DockerScheduler) -> None:
     app = AppDef(
         "retry",

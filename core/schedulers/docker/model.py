@@ -28,6 +28,7 @@ LABEL_ROLES = "shipyard.roles"
 LABEL_NETWORK = "shipyard.network"
 LABEL_STOP_TIMEOUT = "shipyard.stop_timeout"
 LABEL_RETENTION = "shipyard.retention"
+LABEL_RECORD_RETENTION = "shipyard.record_retention"
 LABEL_SUBMITTED = "shipyard.submitted"
 LABEL_IDEMPOTENCY_KEY = "shipyard.idempotency_key"
 #: when a submission whose containers have not all started counts as interrupted
@@ -55,6 +56,7 @@ APP_LABELS = (
     LABEL_ROLES,
     LABEL_SUBMITTED,
     LABEL_IDEMPOTENCY_KEY,
+    LABEL_RECORD_RETENTION,
 )
 
 TOMBSTONE_PREFIX = "shipyard-tombstone-"
@@ -67,6 +69,7 @@ RANK0_ENV = "SHIPYARD_RANK0_HOST"
 DEFAULT_STOP_TIMEOUT = 10
 #: seconds an ended app's containers are kept before their logs are archived and they are removed
 DEFAULT_RETENTION = 3600
+DEFAULT_RECORD_RETENTION = 7 * 86400  # (as local apps' directories)
 #: seconds after which a submission whose replicas are not all started is taken as interrupted
 SUBMIT_GRACE = 60.0
 

@@ -22,6 +22,7 @@ from core.reports import (
 from core.schedulers.api import IDEMPOTENCY_KEY
 from core.schedulers.docker.model import (
     BACKEND,
+    DEFAULT_RECORD_RETENTION,
     DEFAULT_RETENTION,
     DEFAULT_STOP_TIMEOUT,
     LABEL_APP_ID,
@@ -30,6 +31,7 @@ from core.schedulers.docker.model import (
     LABEL_MAX_RETRIES,
     LABEL_NETWORK,
     LABEL_NUM_REPLICAS,
+    LABEL_RECORD_RETENTION,
     LABEL_REPLICA_ID,
     LABEL_RESULT_FILE,
     LABEL_RESULT_REPLICAS,
@@ -81,6 +83,7 @@ class DockerOpts(TypedDict, total=False):
     quiet: bool
     stop_timeout: int
     retention: int
+    record_retention: int
     result_replicas: str
     pull: str
 
@@ -142,6 +145,13 @@ def run_opts() -> runopts:
         help="seconds an ended app's containers are kept; then their logs are archived in the"
         " app's record volume (log_iter still reads them) and the containers are removed",
     )
+    opts.add(
+        "record_retention",
+        type_=int,
+        default=DEFAULT_RECORD_RETENTION,
+        help="seconds a retired app's record (final state, usage, archived logs, idempotency"
+        " key) is kept once its containers are gone; then the app is unknown",
+    )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     opts.add("pull", type_=str, default=DEFAULT_PULL, help=PULL_HELP)
     return opts
@@ -194,7 +204,7 @@ def _validate_cfg(cfg: Mapping[str, CfgVal]) -> None:
             )
     result_replicas(cfg.get(RESULT_REPLICAS_OPT))
     check_pull_policy(cfg.get("pull"))
-    for name in ("stop_timeout", "retention"):
+    for name in ("stop_timeout", "retention", "record_retention"):
         value = cfg.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"cfg.{name}: expected seconds >= 0, got {value!r}")
@@ -346,6 +356,7 @@ def _common_labels(
         LABEL_NETWORK: network or "",
         LABEL_STOP_TIMEOUT: str(cfg.get("stop_timeout")),
         LABEL_RETENTION: str(cfg.get("retention")),
+        LABEL_RECORD_RETENTION: str(cfg.get("record_retention")),
         LABEL_SUBMITTED: repr(time.time()),
     }
     key = app.metadata.get(IDEMPOTENCY_KEY)

@@ -10,6 +10,8 @@ volume's files, and then their containers and network are removed.
   before starting every container) is removed with a FAILED tombstone. Submits run it in the
   background (at most every few seconds per process) and at once when the engine is out of
   address pools; ``describe`` asks for it when it sees an ended app that still has a network.
+- **Records expire:** the sweep removes the tombstone and key claim of an app retired longer
+  than its ``record_retention`` ago (7 days by default); the app is unknown from then on.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from core.schedulers.api import DescribeAppResponse, Stream
 from core.schedulers.docker import logs, outcome, state
 from core.schedulers.docker.model import (
     APP_LABELS,
+    DEFAULT_RECORD_RETENTION,
     LABEL_APP_ID,
     LABEL_ENDED,
     LABEL_MAX_RETRIES,
     LABEL_MSG,
     LABEL_NUM_RESTARTS,
+    LABEL_RECORD_RETENTION,
     LABEL_REPLICA_ID,
     LABEL_REPLICAS,
     LABEL_RESULT_FILE,
@@ -49,7 +53,7 @@ from core.schedulers.docker.model import (
     parse_docker_time,
     replica_state,
 )
-from core.schedulers.docker.submit import remove_network, stop_and_remove
+from core.schedulers.docker.submit import remove_network, remove_records, stop_and_remove
 from core.schedulers.docker.usage import UsageBook
 from core.specs import AppState, is_terminal
 
@@ -271,16 +275,18 @@ class Janitor:
             api = self._api()
             now = time.time()
             networks = {n["Name"] for n in api.networks(filters={"label": LABEL_APP_ID})}
-            retired = set(state.list_records(api, LABEL_TOMBSTONE).tombstones)
-            for app_id, containers in state.by_app(
-                state.list_containers(api, LABEL_APP_ID)
-            ).items():
-                if app_id in retired or any(is_cancelling(c) for c in containers):
+            tombstones = state.list_records(api, LABEL_TOMBSTONE).tombstones
+            apps = state.by_app(state.list_containers(api, LABEL_APP_ID))
+            for app_id, containers in apps.items():
+                if app_id in tombstones or any(is_cancelling(c) for c in containers):
                     continue  # a cancel or another sweep is at work
                 try:
                     self._retire(api, app_id, containers, app_id in networks, now)
                 except Exception:
                     log.warning("could not retire Docker app %s", app_id, exc_info=True)
+            for app_id, labels in tombstones.items():
+                if app_id not in apps:
+                    _expire(api, app_id, labels, now)
 
     def _retire(
         self, api: Any, app_id: str, containers: state.Containers, has_net: bool, now: float
@@ -308,6 +314,24 @@ class Janitor:
             archive_logs(api, app_id, containers)
             stop_and_remove(api, containers, cancel=False)
             log.info("retired %s: logs archived, containers removed", app_id)
+
+
+def _expire(api: Any, app_id: str, labels: Mapping[str, str], now: float) -> None:
+    """Removes the records of a retired app (no container left) once its ``record_retention``
+    is over: it is unknown from then on, as a local app whose directory the sweep removed."""
+    keep = labels.get(LABEL_RECORD_RETENTION)
+    try:
+        ended = float(labels.get(LABEL_ENDED) or "inf")
+        over = ended + (float(keep) if keep else DEFAULT_RECORD_RETENTION)
+    except ValueError:
+        return
+    if now < over:
+        return
+    try:
+        remove_records(api, app_id)
+        log.info("removed the records of %s (retired %s)", app_id, time.ctime(ended))
+    except Exception:  # (an archive being read mounts it: the next sweep tries again)
+        log.debug("could not remove the records of %s", app_id, exc_info=True)
 
 
 def _ended_at(api: Any, containers: state.Containers) -> float:
