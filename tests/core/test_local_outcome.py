@@ -19,21 +19,9 @@ from core.schedulers.local.appdir import AppDir, apps_root
 from core.schedulers.local.outcome import apply_usage, response
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
 from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role
+from tests.core.usage_probe import measure
 
-# writes what it measured of itself (CPU seconds, peak RSS, wall seconds) as its result
-MEASURE = r"""
-import json, os, resource, time
-t0, c0 = time.monotonic(), time.process_time()
-block = bytearray(150 * 1024 * 1024)
-for i in range(0, len(block), 4096):
-    block[i] = 1
-while time.process_time() - c0 < 0.8:
-    pass
-ru = resource.getrusage(resource.RUSAGE_SELF)
-with open(os.environ["SHIPYARD_RESULT_FILE"], "w") as f:
-    json.dump({"cpu": ru.ru_utime + ru.ru_stime, "maxrss": ru.ru_maxrss * 1024,
-               "wall": time.monotonic() - t0}, f)
-"""
+MEASURE = measure(150, 0.8)  # (a local replica's usage is exact: no need to run long)
 
 
 @pytest.fixture
