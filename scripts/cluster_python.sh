@@ -18,8 +18,13 @@ if [ "$have" = "$want" ]; then
 fi
 start=$SECONDS
 [ -x "$DEST/bin/python" ] || /usr/bin/python3 -m venv "$DEST"
-"$DEST/bin/python" -m pip install -q --disable-pip-version-check "prefect==$want" 2>&1 |
-    grep -v "is ignored: it is neither a file nor a directory" || true
-"$DEST/bin/python" -c 'import prefect' || { log "ERROR: Prefect did not install in $DEST"; exit 1; }
+out=$(mktemp)
+if ! "$DEST/bin/python" -m pip install -q --disable-pip-version-check "prefect==$want" >"$out" 2>&1; then
+    tail -20 "$out" >&2
+    rm -f "$out"
+    log "ERROR: Prefect $want did not install in $DEST"
+    exit 1
+fi
+rm -f "$out"
 chmod -R a+rX "$DEST"
 log "$DEST has Prefect $want ($((SECONDS - start))s)"
