@@ -500,7 +500,7 @@ class Runner:
         info: AppDryRunInfo[Any] | None = None
         try:
             if workspace:
-                app = sched.apply_workspace(app, workspace, resolved)
+                app = sched.preflight_workspace(app, workspace, resolved)
             info = sched.submit_dryrun(app, resolved)
         except ValueError as e:
             problems.append(problem_from_error(e))

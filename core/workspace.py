@@ -21,7 +21,7 @@ from core.specs import CfgVal, Role
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DirWorkspaceMixin", "WorkspaceMixin", "walk_workspace"]
+__all__ = ["DirWorkspaceMixin", "WorkspaceMixin", "check_workspace", "walk_workspace"]
 
 #: directories never copied out of a workspace
 IGNORED_DIRS = frozenset(
@@ -39,6 +39,20 @@ class WorkspaceMixin(abc.ABC):
         """Makes ``workspace`` available to ``role`` (updating ``role.image`` in place)."""
 
 
+def check_workspace(workspace: str) -> tuple[Any, str]:
+    """The filesystem and path of ``workspace`` (an fsspec URL or a local path).
+
+    Raises:
+        ValueError: if it is not an existing directory.
+    """
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(workspace)
+    if not fs.isdir(root):
+        raise ValueError(f"workspace: expected an existing directory, got {workspace!r}")
+    return fs, root
+
+
 def walk_workspace(workspace: str) -> Iterator[tuple[Any, str, str]]:
     """Yields ``(fs, absolute_path, relative_path)`` for every file below ``workspace``.
 
@@ -48,11 +62,7 @@ def walk_workspace(workspace: str) -> Iterator[tuple[Any, str, str]]:
     Raises:
         ValueError: if the workspace is not an existing directory.
     """
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(workspace)
-    if not fs.isdir(root):
-        raise ValueError(f"workspace: expected an existing directory, got {workspace!r}")
+    fs, root = check_workspace(workspace)
     root = root.rstrip("/") or "/"
     for dirpath, dirnames, filenames in fs.walk(root):
         dirnames[:] = [d for d in dirnames if d not in IGNORED_DIRS]

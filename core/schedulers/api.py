@@ -137,6 +137,13 @@ class Scheduler(abc.ABC, Generic[T]):
                 role.image = first.image
         return app
 
+    def preflight_workspace(self, app: AppDef, workspace: str, cfg: Mapping[str, CfgVal]) -> AppDef:
+        """The app as a submit with ``workspace`` would run it, for :meth:`preflight`: by
+        default :meth:`apply_workspace` (a Docker image built on the role's is what its
+        entrypoints are looked up in). A scheduler whose workspace leaves state a submit
+        would trip over (a snapshot into the new ``job_dir``) only checks the workspace."""
+        return self.apply_workspace(app, workspace, cfg)
+
     @abc.abstractmethod
     def schedule(self, dryrun_info: AppDryRunInfo[T]) -> str:
         """Same as :meth:`submit` but takes the request from :meth:`submit_dryrun`.

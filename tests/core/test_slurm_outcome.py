@@ -100,20 +100,69 @@ def test_usage_within_20_percent_of_what_the_replica_measured(command_cluster: C
     assert u.requested_memory == 1000 << 20
 
 
-def test_preflight_reports_a_bad_partition_and_the_estimated_start(
+def test_preflight_reports_a_bad_partition_and_missing_entrypoints_at_once(
     command_cluster: Cluster,
 ) -> None:
     cluster = command_cluster
     runner = _runner(cluster)
-    app = AppDef("pre", [Role("a", entrypoint="true"), Role("b", entrypoint="true")])
+    app = AppDef(
+        "pre",
+        [
+            Role("a", entrypoint="no-such-command-shipyard"),
+            Role("b", entrypoint="/no/such/file"),
+            Role("c", entrypoint="./no-such-script.sh"),
+            Role("d", entrypoint="true", env={"PATH": "/no/such/dir"}),  # the role's own PATH
+            Role("e", entrypoint="true"),
+        ],
+    )
     problems = runner.preflight(app, "slurm", cluster.cfg({"partition": "no-such-partition"}))
-    assert [p.field for p in problems] == ["cfg.partition", "cfg.partition"]
-    assert all("no-such-partition" in p.message and p.is_error for p in problems)
-    assert {p.message.split(":")[0] for p in problems} == {"a-0", "b-0"}  # each component
-    fine = runner.preflight(app, "slurm", cluster.cfg())
+    assert [p.field for p in problems] == ["cfg.partition"] * 5 + [
+        f"roles[{i}].entrypoint" for i in range(4)
+    ]
+    assert all(p.is_error for p in problems)
+    assert all("no-such-partition" in p.message for p in problems[:5])
+    assert [p.message.split(":")[0] for p in problems[:5]] == ["a-0", "b-0", "c-0", "d-0", "e-0"]
+    assert "'no-such-command-shipyard' was not found on PATH" in problems[5].message
+    assert "'/no/such/file' does not exist" in problems[6].message
+    assert "'./no-such-script.sh' does not exist in " in problems[7].message
+    assert "'true' was not found on PATH" in problems[8].message
+    fine = runner.preflight(
+        AppDef("ok", [Role("a", entrypoint="true"), Role("b", entrypoint=cluster.python)]),
+        "slurm",
+        cluster.cfg(),
+    )
     assert [p.severity for p in fine] == ["info", "info"]
     assert all(p.message.startswith("would start at ") for p in fine)
     assert cluster.jobs == []  # nothing was queued
+
+
+@pytest.fixture
+def rest_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    yield from make_cluster("rest", tmp_path, monkeypatch)
+
+
+def test_preflight_over_slurmrestd_checks_the_partition_and_memory(rest_cluster: Cluster) -> None:
+    """slurmrestd has no test-only submission: the partition and the nodes' memory are looked
+    up, and a warning says what is left to the submit."""
+    cluster = rest_cluster
+    runner = _runner(cluster)
+    app = AppDef(
+        "pre",
+        [
+            Role("a", entrypoint="true"),
+            Role("big", entrypoint="true", resource=Resource(1, 0, 9000)),
+        ],
+    )
+    problems = runner.preflight(app, "slurm", cluster.cfg({"partition": "no-such-partition"}))
+    assert [p.field for p in problems if p.is_error] == ["cfg.partition"]
+    assert "no partition 'no-such-partition' on the cluster (it has: debug)" in problems[0].message
+    problems = runner.preflight(app, "slurm", cluster.cfg())
+    assert [(p.field, p.severity) for p in problems] == [
+        ("roles[1].resource.memMB", "error"),
+        ("cfg.cluster", "warning"),
+    ]
+    assert problems[0].message == "big: asks for 9000 MB, but the nodes of debug have 4000 MB"
+    assert cluster.jobs == []
 
 
 def test_oom_killed_component_is_named_with_its_peak() -> None:

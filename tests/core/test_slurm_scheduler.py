@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from core.runner import get_runner
+from core.runner import Runner, get_runner
 from core.schedulers.api import IDEMPOTENCY_KEY, Stream
 from core.schedulers.slurm import jobinfo, logs
 from core.schedulers.slurm.transport import LocalFiles, LocalShell
@@ -567,6 +567,13 @@ def test_job_dir_workspace_runs_in_its_snapshot(cluster: Cluster, tmp_path: Path
     job_dir_cfg, job_dir = cluster.job_dir("job")
     script = "sh hello.sh; cat data.txt; echo img=$0"
     app = AppDef("ws", [Role("main", entrypoint="/bin/sh", args=[*_sh(script), macros.img_root])])
+    # a pre-flight makes no snapshot (the submit would find its job_dir there)
+    runner = Runner("test", {"slurm": lambda session, **kw: cluster.sched})
+    cfg = cluster.cfg({"job_dir": job_dir_cfg})
+    assert [p for p in runner.preflight(app, "slurm", cfg, str(ws)) if p.is_error] == []
+    assert not job_dir.exists()
+    missing = runner.preflight(app, "slurm", cfg, str(tmp_path / "no-such-ws"))
+    assert [p.field for p in missing if p.is_error] == ["workspace"]
     job_id = cluster.submit(app, {"job_dir": job_dir_cfg}, workspace=str(ws))
     (ws / "data.txt").write_text("changed after submit\n")  # the job sees the snapshot
     done = cluster.wait_done(job_id)

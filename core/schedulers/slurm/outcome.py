@@ -1,4 +1,4 @@
-"""What a Slurm app's replicas produced and used, and whether Slurm would take it.
+"""What a Slurm app's replicas produced and what they used.
 
 - Results: the batch script gives every component ``$SHIPYARD_RESULT_FILE`` =
   ``<job dir>/shipyard-results-<job id>/<role>-<k>.json`` (see :mod:`.script`); they are read
@@ -10,8 +10,6 @@
   ``TRESUsageInMax``, where the cluster gathers GPU usage); the script asks for a sample
   every second (``--acctg-freq=task=1``). A component ending ``OUT_OF_MEMORY``, or killed
   past its ``--mem`` by ``OverMemoryKill``, is named so.
-- Pre-flight: ``sbatch --test-only`` of each component alone (partition, constraint, time,
-  resources), with Slurm's estimated start time as an ``info`` problem.
 """
 
 from __future__ import annotations
@@ -23,26 +21,24 @@ from collections.abc import Iterable
 
 from core.reports import (
     MAX_RESULT_BYTES,
-    Problem,
     ReplicaResult,
     oom_message,
     parse_result,
 )
 from core.schedulers.api import DescribeAppResponse
 from core.schedulers.slurm.jobinfo import SEP, slurm_state
-from core.schedulers.slurm.script import SlurmBatchRequest, result_dir_name
+from core.schedulers.slurm.script import result_dir_name
 from core.schedulers.slurm.transport import (
     CommandClient,
     Files,
     SlurmClient,
     TransportError,
-    submit_error,
 )
 from core.specs import AppState, ResourceUsage, is_terminal
 
 log = logging.getLogger(__name__)
 
-__all__ = ["USAGE_FIELDS", "apply_usage", "parse_usage", "preflight", "read_results"]
+__all__ = ["USAGE_FIELDS", "apply_usage", "parse_usage", "read_results"]
 
 USAGE_FIELDS = (
     "JobID",
@@ -56,7 +52,6 @@ USAGE_FIELDS = (
     "TRESUsageInMax",
 )
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
-_START_RE = re.compile(r"to start at (\S+)(?: using (\d+) processors)?(?: on nodes (\S+))?")
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -230,49 +225,3 @@ def complete(resp: DescribeAppResponse, usage: Usage) -> bool:
     return is_terminal(resp.state) and all(
         f"{rs.role}-{r.id}" in usage for rs in resp.roles_statuses for r in rs.replicas
     )
-
-
-# -- pre-flight -----------------------------------------------------------------------------------
-
-
-def preflight(client: SlurmClient, req: SlurmBatchRequest, workdir: str | None) -> list[Problem]:
-    """``sbatch --test-only`` of each component alone: its problems, each naming the cfg or
-    role field Slurm complained about, and its estimated start (``info``)."""
-    if not isinstance(client, CommandClient):
-        return [
-            Problem(
-                "cfg.cluster",
-                "slurmrestd has no test-only submission: partition, time and resources are"
-                " checked at submit",
-                "warning",
-            )
-        ]
-    problems = []
-    for name, rep in req.replicas.items():
-        one = SlurmBatchRequest(cmd=req.cmd, replicas={name: rep}, job_dir=req.job_dir,
-                                max_retries=0, app_name=req.app_name)  # fmt: skip
-        try:
-            p = client.shell.run(
-                ["sbatch", "--test-only"], stdin=one.materialize(), cwd=workdir, retry=True
-            )
-        except TransportError as e:
-            return [Problem("cfg.cluster", f"cannot reach the cluster: {e}")]
-        text = (p.stderr + p.stdout).strip()
-        if p.returncode != 0:
-            opts: dict[str, object] = dict(rep.sbatch_opts)
-            err = submit_error(text.replace("sbatch: error: ", ""), opts)
-            problems.append(_problem(name, str(err)))
-            continue
-        m = _START_RE.search(text)
-        when = f"would start at {m.group(1)}" if m else text
-        if m and m.group(3):
-            when += f" on {m.group(3)}"
-        problems.append(Problem(f"replica {name}", when, "info"))
-    return problems
-
-
-def _problem(name: str, text: str) -> Problem:
-    field, sep, rest = text.partition(": ")
-    if sep and (field.startswith("cfg.") or field.startswith("resource.")):
-        return Problem(field, f"{name}: {rest}")
-    return Problem(f"replica {name}", text)

@@ -29,7 +29,7 @@ from core.schedulers.api import (
     check_stream,
     filter_regex,
 )
-from core.schedulers.slurm import outcome
+from core.schedulers.slurm import checks, outcome
 from core.schedulers.slurm.jobinfo import JobInfo, app_state, to_response
 from core.schedulers.slurm.logs import TailChecks, read_lines
 from core.schedulers.slurm.script import (
@@ -63,7 +63,7 @@ from core.specs import (
     runopts,
 )
 from core.transient import BackendUnavailable
-from core.workspace import DirWorkspaceMixin, walk_workspace
+from core.workspace import DirWorkspaceMixin, check_workspace, walk_workspace
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +277,12 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         self._created_job_dirs.add(job_dir)
         role.image = job_dir
 
+    def preflight_workspace(self, app: AppDef, workspace: str, cfg: Mapping[str, CfgVal]) -> AppDef:
+        """Only checks ``workspace``: its snapshot would make the ``job_dir`` the submit then
+        finds there (relative entrypoints in a new ``job_dir`` are not looked up)."""
+        check_workspace(workspace)
+        return app
+
     # -- submitting ----------------------------------------------------------------------------
 
     def _nomem(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> bool:
@@ -481,15 +487,17 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
 
     def preflight(self, dryrun_info: AppDryRunInfo[SlurmBatchRequest]) -> list[Problem]:
         """``sbatch --test-only`` of each component (partition, constraint, time, resources),
-        with its estimated start time (an ``info`` problem)."""
+        with its estimated start time (an ``info`` problem), and every role's entrypoint on
+        the submit host (see :mod:`.checks`; slurmrestd: the partition and its memory)."""
         req = dryrun_info.request
         if req is None:
             return []
         client = self.client(req.cluster)
         workdir = req.job_dir or self.default_dir(req.cluster)
+        in_job_dir = not req.job_dir  # a job_dir is made at submit: not there yet
         if workdir and not (client.files or LocalFiles()).exists(workdir):
-            workdir = self.default_dir(req.cluster)  # (job_dir is created at submit)
-        return outcome.preflight(client, req, workdir)
+            workdir, in_job_dir = self.default_dir(req.cluster), False
+        return checks.preflight(client, dryrun_info.app, req, workdir, in_job_dir)
 
     def list(self, cfg: Mapping[str, CfgVal] | None = None) -> list[ListAppResponse]:
         """The user's Slurm jobs on the cluster of ``cfg`` (default this host's): those the
