@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,7 +160,9 @@ def test_usage_within_20_percent_of_what_the_replica_measured(
     assert late.wall_time == pytest.approx(u.wall_time, abs=0.01)
 
 
-def test_preflight_reports_every_problem_at_once(sched: DockerScheduler) -> None:
+def test_preflight_reports_every_problem_at_once(
+    sched: DockerScheduler, docker_client: Any
+) -> None:
     app = AppDef(
         "pre",
         [
@@ -170,16 +173,22 @@ def test_preflight_reports_every_problem_at_once(sched: DockerScheduler) -> None
                 mounts=[BindMount("/no/such/dir", "/data"), DeviceMount("/dev/no-such", "/dev/x")],
             ),
             Role("b", image=IMAGE, entrypoint="true"),
+            Role("c", image=IMAGE, entrypoint="no-such-command-shipyard"),
         ],
     )
+    before = docker_client.containers.list(all=True)
     # (pull=never: the default, missing, would ask Docker's default registry, out of reach here)
     problems = _runner(sched).preflight(app, "local_docker", {"pull": "never"})
     assert [p.field for p in problems] == [
         "roles[0].image",
         "roles[0].mounts[0].src",
         "roles[0].mounts[1].src",
+        "roles[2].entrypoint",
     ]
     assert "not present on the Docker engine" in problems[0].message
+    assert problems[3].message == (
+        f"'no-such-command-shipyard' was not found on PATH in image {IMAGE!r}"
+    )
     assert (
         _runner(sched).preflight(
             AppDef("ok", [Role("b", image=IMAGE, entrypoint="true")]), "local_docker"
@@ -187,3 +196,40 @@ def test_preflight_reports_every_problem_at_once(sched: DockerScheduler) -> None
         == []
     )
     assert sched.list() == []  # nothing was started
+    assert docker_client.containers.list(all=True) == before  # (the lookups' containers too)
+
+
+def test_preflight_looks_entrypoints_up_as_the_container_would(sched: DockerScheduler) -> None:
+    """A name on the role's PATH (else the image's), a path from the image's working
+    directory, and a directory is not an entrypoint."""
+    app = AppDef(
+        "ep",
+        [
+            Role("a", image=IMAGE, entrypoint="true", env={"PATH": "/no/such/dir"}),
+            Role("b", image=IMAGE, entrypoint="/no/such/file"),
+            Role("c", image=IMAGE, entrypoint="bin/busybox"),  # the working directory is /
+            Role("d", image=IMAGE, entrypoint="/bin"),
+            Role("e", image=IMAGE, entrypoint="busybox", env={"PATH": "/no/such/dir:/bin"}),
+            Role("f", image=IMAGE, entrypoint="/bin/true"),
+        ],
+    )
+    problems = _runner(sched).preflight(app, "local_docker", {"pull": "never"})
+    assert [str(p) for p in problems] == [
+        f"roles[0].entrypoint: 'true' was not found on PATH in image {IMAGE!r}",
+        f"roles[1].entrypoint: '/no/such/file' does not exist in image {IMAGE!r}",
+        f"roles[3].entrypoint: '/bin' is a directory in image {IMAGE!r}",
+    ]
+
+
+def test_preflight_with_a_workspace_looks_in_the_image_it_builds(
+    sched: DockerScheduler, tmp_path: Path
+) -> None:
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    app = AppDef("ws", [Role("main", image=IMAGE, entrypoint="./run.sh")])
+    runner = _runner(sched)
+    assert runner.preflight(app, "local_docker", {"pull": "never"}, str(tmp_path)) == []
+    assert [str(p) for p in runner.preflight(app, "local_docker", {"pull": "never"})] == [
+        f"roles[0].entrypoint: './run.sh' does not exist in image {IMAGE!r}"
+    ]
+    assert sched.list() == []

@@ -1,4 +1,4 @@
-"""What a Docker app's replicas produced, why they died, and whether the engine would take it.
+"""What a Docker app's replicas produced and why they died.
 
 - Results: every container gets ``$SHIPYARD_RESULT_FILE`` = :data:`RESULT_PATH` in its own
   filesystem (the container's user must be able to write ``/``; a role may set another path
@@ -8,8 +8,6 @@
 - OOM kills: a failed replica whose container the engine marks ``OOMKilled`` is named so
   ("killed: out of memory (peak X of Y requested)"); its peak is its sampled high-water mark
   (see :mod:`.usage`), or the memory limit it hit.
-- Pre-flight: every role's image on the engine or to be had from its registry (as the ``pull``
-  policy says; nothing is pulled), bind sources and devices there, the engine reachable.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ import tarfile
 from collections.abc import Mapping
 from typing import Any
 
-from core.reports import MAX_RESULT_BYTES, Problem, ReplicaResult, oom_message, parse_result
+from core.reports import MAX_RESULT_BYTES, ReplicaResult, oom_message, parse_result
 from core.schedulers.api import DescribeAppResponse
-from core.schedulers.docker import images, request
 from core.schedulers.docker.model import (
     LABEL_REPLICA_ID,
     LABEL_RESULT_FILE,
@@ -30,12 +27,11 @@ from core.schedulers.docker.model import (
     LABEL_ROLE_NAME,
     RESULT_PATH,
 )
-from core.specs import AppDef, AppState
+from core.specs import AppState
 
 __all__ = [
     "apply_oom",
     "collected",
-    "preflight",
     "read_archived_result",
     "read_container_result",
 ]
@@ -105,24 +101,3 @@ def apply_oom(resp: DescribeAppResponse) -> None:
             ooms.append(msg)
     if ooms:
         resp.msg = "; ".join([*ooms, *([] if resp.msg in ("", "<NONE>") else [resp.msg])])
-
-
-def preflight(api: Any, app: AppDef, pull: str = request.DEFAULT_PULL) -> list[Problem]:
-    """Every role's image on the engine or, as ``pull`` says, to be had from its registry (with
-    the client's credentials; nothing is pulled), its bind sources and devices there."""
-    problems = []
-    checked: set[str] = set()
-    for i, role in enumerate(app.roles):
-        where = f"roles[{i}]"
-        if role.image and role.image not in checked:
-            checked.add(role.image)
-            problem = images.preflight(api, role.image, pull, f"{where}.image")
-            if problem is not None:
-                problems.append(problem)
-        for j, mount in enumerate(role.mounts):
-            try:
-                request.check_mount(mount, f"{where}.mounts[{j}]")
-            except ValueError as e:
-                field, _, msg = str(e).partition(": ")
-                problems.append(Problem(field, msg))
-    return problems

@@ -21,7 +21,7 @@ from core.schedulers.api import (
     check_stream,
     filter_regex,
 )
-from core.schedulers.docker import images, logs, outcome, request, retire, state, submit
+from core.schedulers.docker import checks, images, logs, outcome, request, retire, state, submit
 from core.schedulers.docker.engine import DockerEngine, connect
 from core.schedulers.docker.model import (
     BACKEND,
@@ -220,7 +220,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
     def preflight(self, dryrun_info: AppDryRunInfo[DockerJob]) -> builtins.list[Problem]:
         """Images present on the engine or, as the ``pull`` option says, to be had from their
         registries (asked with the client's credentials; nothing is pulled), bind sources and
-        devices there."""
+        devices there, entrypoints in their images (see :mod:`.checks`)."""
         app = dryrun_info.app
         if app is None:
             return []
@@ -229,7 +229,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         except ValueError:
             pull = request.DEFAULT_PULL  # (the dry run reports it)
         try:
-            return outcome.preflight(self._api, app, pull)
+            return checks.preflight(self._api, app, pull)
         except Exception as e:  # (the engine cannot be reached)
             return [Problem("scheduler", f"the Docker engine cannot be reached: {e}")]
 

@@ -1,0 +1,106 @@
+"""Pre-flight checks of a Docker app (``DockerScheduler.preflight``): what a submit would hit,
+found without starting anything; every problem is reported, each naming its field.
+
+- Every role's image on the engine or, as the ``pull`` policy says, to be had from its registry
+  (asked with the client's credentials; nothing is pulled).
+- Bind sources and devices there.
+- Every role's entrypoint in its image (where the image has no ``ENTRYPOINT`` of its own, which
+  would take the role's command as arguments): looked up in a container created from the image
+  and never started (``get_archive`` reads a created container's filesystem), then removed;
+  a name is searched on the role's or the image's ``PATH``, a relative path from the image's
+  working directory.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from core.reports import Problem
+from core.schedulers.docker import images, request
+from core.specs import AppDef, Role
+
+__all__ = ["preflight"]
+
+#: the PATH of a container whose image sets none (what the engine gives it)
+_ENGINE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_MODE_DIR = 1 << 31  # Go's fs.ModeDir, in get_archive's stat of a path
+_MODE_SYMLINK = 1 << 27  # fs.ModeSymlink
+
+
+def preflight(api: Any, app: AppDef, pull: str = request.DEFAULT_PULL) -> list[Problem]:
+    """The problems of ``app`` on the engine of ``api`` (see the module docs)."""
+    problems = []
+    usable: dict[str, bool] = {}
+    for i, role in enumerate(app.roles):
+        where = f"roles[{i}]"
+        if role.image and role.image not in usable:
+            problem = images.preflight(api, role.image, pull, f"{where}.image")
+            usable[role.image] = problem is None or problem.severity == "info"
+            if problem is not None:
+                problems.append(problem)
+        for j, mount in enumerate(role.mounts):
+            try:
+                request.check_mount(mount, f"{where}.mounts[{j}]")
+            except ValueError as e:
+                field, _, msg = str(e).partition(": ")
+                problems.append(Problem(field, msg))
+        if role.image and usable[role.image] and role.entrypoint:
+            missing = _entrypoint_problem(api, role)
+            if missing:
+                problems.append(Problem(f"{where}.entrypoint", missing))
+    return problems
+
+
+def _entrypoint_problem(api: Any, role: Role) -> str | None:
+    """Why ``role.entrypoint`` would not run in its image (None: it is there, or the image's
+    own ENTRYPOINT runs, or the image is not on the engine yet)."""
+    from docker.errors import ImageNotFound
+
+    try:
+        config = api.inspect_image(role.image).get("Config") or {}
+    except ImageNotFound:  # (to be pulled at submit)
+        return None
+    if config.get("Entrypoint"):
+        return None
+    image_env = {k: v for k, _, v in (e.partition("=") for e in config.get("Env") or [])}
+    workdir = config.get("WorkingDir") or "/"
+    entry = role.entrypoint
+    if "/" in entry:
+        candidates = [posixpath.join(workdir, entry)]
+    else:
+        path = role.env.get("PATH", image_env.get("PATH", _ENGINE_PATH))
+        candidates = [posixpath.join(d or workdir, entry) for d in path.split(":")]
+    cid = api.create_container(role.image, command=[entry], network_disabled=True)["Id"]
+    try:
+        found = set()
+        for candidate in candidates:
+            found.add(_kind(api, cid, candidate))
+            if "executable" in found:
+                return None
+    finally:
+        api.remove_container(cid, force=True)
+    if "/" not in entry:
+        return f"{entry!r} was not found on PATH in image {role.image!r}"
+    if "file" in found:
+        return f"{entry!r} is not executable in image {role.image!r}"
+    if "directory" in found:
+        return f"{entry!r} is a directory in image {role.image!r}"
+    return f"{entry!r} does not exist in image {role.image!r}"
+
+
+def _kind(api: Any, cid: str, path: str) -> str | None:
+    """``executable``, ``file``, ``directory`` or None (absent) for ``path`` in container
+    ``cid`` (a symlink counts as executable: its target is not followed)."""
+    from docker.errors import NotFound
+
+    try:
+        stream, stat = api.get_archive(cid, path)
+    except NotFound:
+        return None
+    for _ in stream:  # (read to the end: the connection goes back to the pool)
+        pass
+    mode = int((stat or {}).get("mode") or 0)
+    if mode & _MODE_DIR:
+        return "directory"
+    return "executable" if mode & _MODE_SYMLINK or mode & 0o111 else "file"
