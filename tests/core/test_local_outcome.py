@@ -18,7 +18,7 @@ from core.runner import Runner, get_runner
 from core.schedulers.local.appdir import AppDir, apps_root
 from core.schedulers.local.outcome import apply_usage, response
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
-from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role
+from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Resource, Role
 from tests.core.usage_probe import measure
 
 MEASURE = measure(150, 0.8)  # (a local replica's usage is exact: no need to run long)
@@ -185,3 +185,29 @@ def test_preflight_reports_every_problem_at_once(
     assert [p.field for p in problems] == ["roles[0].image", "cfg.log_dir"]
     # nothing was started
     assert all(isinstance(p, Problem) and p.is_error for p in problems)
+
+
+def test_preflight_counts_the_gpus_auto_set_cuda_visible_devices_hands_out(
+    runner: Runner, tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This host has no GPU: an nvidia-smi listing one stands in for a GPU host."""
+    app = AppDef(
+        "g",
+        [Role("t", entrypoint="echo", num_replicas=2, resource=Resource(1, 1, 0)),
+         Role("cpu", entrypoint="echo")],
+    )  # fmt: skip
+    cfg = {"auto_set_cuda_visible_devices": True}
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path), os.defpath]))
+    problems = runner.preflight(app, "local_cwd", cfg)  # no nvidia-smi: no GPU
+    assert [str(p) for p in problems] == [
+        "cfg.auto_set_cuda_visible_devices: the replicas ask for 2 GPUs (t: 2 x 1) but this"
+        " host has 0"
+    ]
+    smi = os.path.join(tmp_path, "nvidia-smi")
+    with open(smi, "w") as f:
+        f.write("#!/bin/sh\necho 'GPU 0: Stand-in (UUID: GPU-0)'\n")
+    os.chmod(smi, 0o755)
+    assert "this host has 1" in runner.preflight(app, "local_cwd", cfg)[0].message
+    app.roles[0].num_replicas = 1
+    assert runner.preflight(app, "local_cwd", cfg) == []
+    assert runner.preflight(app, "local_cwd") == []  # not asked to hand GPUs out

@@ -1,6 +1,7 @@
 """Pre-flight checks of a local app (``LocalScheduler.preflight``): every role's entrypoint
 resolvable and executable, its working directory there and writable, the log directory
-writable. Nothing is started or written (writability is asked of the kernel with
+writable, and as many GPUs on the host as the replicas ask for where
+``auto_set_cuda_visible_devices`` is to give each its own. Nothing is started or written (writability is asked of the kernel with
 ``access(2)``); every problem is reported, each naming its field."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def preflight(
     info: AppDryRunInfo[Any],
     provider_class: Callable[[LocalOpts], ImageProvider],
     extra_paths: list[str],
+    gpu_count: Callable[[], int],
 ) -> list[Problem]:
     """The problems a submit of ``info`` would hit (see the module docs)."""
     app, cfg = info.app, info.cfg or {}
@@ -40,7 +42,26 @@ def preflight(
         problems += _dir_problems(
             os.path.abspath(os.path.expanduser(log_root)), "cfg.log_dir", True
         )
+    if opts.get("auto_set_cuda_visible_devices"):
+        problems += _gpu_problems(app.roles, gpu_count)
     return problems
+
+
+def _gpu_problems(roles: list[Role], gpu_count: Callable[[], int]) -> list[Problem]:
+    """The replicas ask for more GPUs than the host has (``nvidia-smi -L``): a submit would
+    leave ``CUDA_VISIBLE_DEVICES`` unset, so every replica would see every GPU, or none."""
+    asking = [r for r in roles if r.resource.gpu > 0]
+    needed = sum(r.resource.gpu * r.num_replicas for r in asking)
+    have = gpu_count() if needed else 0
+    if have >= needed:
+        return []
+    asks = ", ".join(f"{r.name}: {r.num_replicas} x {r.resource.gpu}" for r in asking)
+    return [
+        Problem(
+            "cfg.auto_set_cuda_visible_devices",
+            f"the replicas ask for {needed} GPUs ({asks}) but this host has {have}",
+        )
+    ]
 
 
 def _role_problems(

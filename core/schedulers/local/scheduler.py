@@ -401,8 +401,11 @@ class LocalScheduler(Scheduler[PopenRequest]):
         return read_results(*found)
 
     def preflight(self, dryrun_info: AppDryRunInfo[PopenRequest]) -> builtins.list[Problem]:
-        """Entrypoints resolvable, working and log directories there and writable."""
-        return preflight(dryrun_info, self._image_provider_class, self._extra_paths)
+        """Entrypoints resolvable, working and log directories there and writable, and GPUs
+        enough for ``auto_set_cuda_visible_devices``."""
+        return preflight(
+            dryrun_info, self._image_provider_class, self._extra_paths, self._get_gpu_device_count
+        )
 
     def _settle(self, app: AppDir, record: AppRecord, obs: Any) -> FinalState | None:
         """What must happen as replicas end (gang termination, SIGKILL after the grace, the
