@@ -99,8 +99,10 @@ def _entrypoint_problems(
     lines = [_FOUND]
     for i, role in enumerate(app.roles):
         rep = req.replicas.get(f"{role.name}-0")
-        if rep is None or ("/" in rep.entrypoint and not rep.entrypoint.startswith("/")
-                           and not in_job_dir):  # fmt: skip
+        if rep is None:
+            continue
+        relative = "/" in rep.entrypoint and not rep.entrypoint.startswith("/")
+        if relative and not in_job_dir:  # (it resolves in a directory the submit creates)
             continue
         path = shlex.quote(rep.env["PATH"]) if "PATH" in rep.env else '"$PATH"'
         lines.append(f"found {shlex.quote(rep.entrypoint)} {path} || echo {i}")
