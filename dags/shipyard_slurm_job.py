@@ -1,8 +1,9 @@
 """Run a Shipyard job on a Slurm cluster from a DAG.
 
 ``simulate`` submits a two-role app (a coordinator and two workers) as one heterogeneous Slurm
-job, waits for it and streams each replica's output into the task log. Slurm options go in
-``cfg`` (templated); here the partition and a time limit.
+job, waits for it and streams each replica's output into the task log; what the coordinator
+writes to ``$SHIPYARD_RESULT_FILE`` comes back as the task's ``result`` XCom. Slurm options go
+in ``cfg`` (templated); here the partition and a time limit.
 
 The cluster is the worker's own Slurm unless the run's ``shipyard_conn_id`` param names an
 Airflow connection (type ``shipyard``: an SSH login node or slurmrestd, with its key or token),
@@ -35,7 +36,12 @@ with DAG(
                 {
                     "name": "coordinator",
                     "entrypoint": "sh",
-                    "args": ["-c", 'echo "coordinator on $(hostname): run {{ run_id }}"'],
+                    # what it writes to $SHIPYARD_RESULT_FILE is the task's "result" XCom
+                    "args": [
+                        "-c",
+                        'echo "coordinator on $(hostname): run {{ run_id }}";'
+                        ' printf \'{"run": "%s"}\' "{{ run_id }}" > "$SHIPYARD_RESULT_FILE"',
+                    ],
                 },
                 {
                     "name": "worker",

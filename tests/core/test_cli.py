@@ -356,6 +356,40 @@ def test_results_and_usage_through_run_wait_and_status(tmp_path: Path) -> None:
     assert usage["wall_time"] > 0 and usage["peak_memory"] > 0, usage
 
 
+@pytest.mark.parametrize("scheduler", ["local_docker", "slurm"])
+def test_results_through_the_cli_on_docker_and_slurm(scheduler: str, tmp_path: Path) -> None:
+    """Copied out of the stopped container (Docker), read from the job's directory (Slurm),
+    by the run that waited and by a status from another process."""
+    from tests.services import docker_problem, require, slurm_problem
+
+    if scheduler == "slurm":
+        require("slurm", slurm_problem())
+    else:
+        require("docker", docker_problem())
+    write = 'echo "{\\"replica\\": $SHIPYARD_REPLICA_ID}" > "$SHIPYARD_RESULT_FILE"'
+    (tmp_path / "app.yaml").write_text(
+        "name: cli-result\nroles:\n  - name: w\n    image: shipyard-test/busybox:latest\n"
+        f"    entrypoint: sh\n    args: [-c, {json.dumps(write)}]\n    num_replicas: 2\n"
+    )
+    r = sh("run", "--wait", "--progress", "none", "-s", scheduler, "app.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    handle = r.stdout.splitlines()[0]
+    assert 'Result w/0: {"replica": 0}' in r.stdout.splitlines(), r.stdout
+    try:
+        data = json.loads(sh("status", handle, "--json", cwd=tmp_path).stdout)
+        assert [(x["role"], x["replica_id"], x["value"]) for x in data["result"]] == [
+            ("w", 0, {"replica": 0})
+        ]
+    finally:
+        if scheduler == "local_docker":
+            from core.schedulers.docker_scheduler import create_scheduler
+            from core.specs import parse_app_handle
+
+            parsed = parse_app_handle(handle)
+            with create_scheduler(parsed.session_name) as docker:
+                docker.purge(parsed.app_id)
+
+
 def test_run_check_lists_every_problem_and_starts_nothing(tmp_path: Path) -> None:
     (tmp_path / "app.yaml").write_text(
         "name: cli-check\n"

@@ -85,6 +85,7 @@ def test_docker_job_dag(run_dag: Any, docker_client: Any) -> None:
     for k in range(3):
         assert result.lines(f"greeter/{k} hello from container {k} of shipyard_docker_job")
     assert result.xcom("greet").startswith("local_docker://")
+    assert result.xcom("greet", "result") == {"greeter": {"0": {"greeted": 0}}}
 
 
 def test_slurm_job_dag(run_dag: Any, slurm_cluster: None) -> None:
@@ -94,6 +95,9 @@ def test_slurm_job_dag(run_dag: Any, slurm_cluster: None) -> None:
     for k in (0, 1):
         assert result.lines(f"worker/{k} worker {k}: done")
     assert result.xcom("simulate").startswith("slurm://")
+    assert result.xcom("simulate", "result") == {
+        "coordinator": {"0": {"run": result.dag_run.run_id}}
+    }
 
 
 @pytest.mark.parametrize("transport", ["ssh", "rest"])
@@ -138,6 +142,9 @@ def test_slurm_job_dag_through_a_connection(
         assert result.lines(f"worker/{k} worker {k}: done")
     handle = result.xcom("simulate")
     assert handle.startswith("slurm://") and f"/{conn_id}:" in handle  # names the connection
+    # the coordinator's result, read back over the connection's transport
+    run_id = result.dag_run.run_id
+    assert result.xcom("simulate", "result") == {"coordinator": {"0": {"run": run_id}}}
     key_body = key.strip().splitlines()[1]
     for secret in filter(None, [key_body, token]):
         assert secret not in result.log

@@ -104,6 +104,8 @@ def test_docker_example_dag(airflow_api: AirflowAPI) -> None:
         assert run.job_lines("greet", f"greeter/{k} ") == [
             f"greeter/{k} hello from container {k} of shipyard_docker_job"
         ]
+    # greeter/0's result, copied out of its stopped container (the check task read it too)
+    assert run.xcom("greet", "result") == {"greeter": {"0": {"greeted": 0}}}
 
 
 def test_slurm_example_dag(airflow_api: AirflowAPI) -> None:
@@ -117,6 +119,7 @@ def test_slurm_example_dag(airflow_api: AirflowAPI) -> None:
     ]
     (coordinator,) = run.job_lines("simulate", "coordinator/0 ")
     assert coordinator.endswith(f": run {run.run_id}")
+    assert run.xcom("simulate", "result") == {"coordinator": {"0": {"run": run.run_id}}}
 
 
 def test_connection_based_dag(airflow_api: AirflowAPI) -> None:
@@ -154,6 +157,8 @@ def test_connection_based_dag(airflow_api: AirflowAPI) -> None:
             "worker/0 worker 0: step 1",
             "worker/0 worker 0: done",
         ]
+        # the coordinator's result, read back over SSH by the task
+        assert run.xcom("simulate", "result") == {"coordinator": {"0": {"run": run.run_id}}}
     finally:
         airflow_cli("connections", "delete", conn_id)
 

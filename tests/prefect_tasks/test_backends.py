@@ -1,5 +1,6 @@
-"""run_job on the real Docker engine and the real Slurm cluster: the job succeeds, its log lines
-are in the Prefect API, and a task timeout cancels it on the backend."""
+"""run_job on the real Docker engine and the real Slurm cluster: the job succeeds, its result
+comes back, its log lines are in the Prefect API, and a task timeout cancels it on the
+backend."""
 
 from __future__ import annotations
 
@@ -12,18 +13,23 @@ from prefect import flow
 
 from core.runner import get_runner
 from core.specs import AppDef, AppState, Role
-from prefect_tasks import run_job, submit_job, wait_for_job
+from prefect_tasks import get_job_result, run_job, submit_job, wait_for_job
 from tests.prefect_tasks.helpers import flow_run_logs, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "shipyard-test/busybox:latest"
 
 
+RESULT = """echo '{"coordinated": true}' > "$SHIPYARD_RESULT_FILE\""""
+
+
 def _app(name: str, image: str = "") -> AppDef:
     return AppDef(
         name,
         [
-            Role("coord", image=image, entrypoint="sh", args=["-c", "echo coord says hi"]),
+            Role(
+                "coord", image=image, entrypoint="sh", args=["-c", f"echo coord says hi; {RESULT}"]
+            ),
             Role(
                 "worker",
                 image=image,
@@ -57,6 +63,8 @@ def _check_run_job(
     assert result.handle.startswith(f"{scheduler}://")
     assert result.state == AppState.SUCCEEDED
     assert result.status.exit_codes() == {"coord": [0], "worker": [0, 0]}
+    # what coord/0 wrote to $SHIPYARD_RESULT_FILE (the workers wrote none)
+    assert result.result == {"coord": {0: {"coordinated": True}}}
     logs = flow_run_logs(state.state_details.flow_run_id)
     for line in EXPECTED:
         assert logs.count(line) == 1, (line, logs)
@@ -185,13 +193,14 @@ def test_flow_with_a_slurm_cluster_block(
     assert key.strip().splitlines()[1] not in repr(SlurmCluster.load(block_name))
 
     @flow(name=f"{name}-block")
-    def on_cluster() -> tuple[str, str]:
+    def on_cluster() -> tuple[str, str, Any]:
         handle = submit_job(_app(name), cluster=block_name)
         status = wait_for_job(handle, cluster=block_name, poll_interval=0.5)
-        return handle, status.state.name
+        return handle, status.state.name, get_job_result(handle, cluster=block_name)
 
-    handle, state = on_cluster()
+    handle, state, result = on_cluster()
     assert state == "SUCCEEDED"
+    assert result == {"coord": {0: {"coordinated": True}}}  # read back over the transport
     assert f"/{settings['cluster_name']}:" in handle  # the handle names the cluster
     with get_runner() as runner:
         lines = sorted(str(line) for line in runner.stream_logs(handle, should_tail=False))
