@@ -79,7 +79,7 @@ def _entrypoint_problem(api: Any, role: Role) -> str | None:
             if "executable" in found:
                 return None
     finally:
-        api.remove_container(cid, force=True)
+        api.remove_container(cid, v=True, force=True)  # (and the volumes the image declares)
     if "/" not in entry:
         return f"{entry!r} was not found on PATH in image {role.image!r}"
     if "file" in found:
