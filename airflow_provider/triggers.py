@@ -16,8 +16,10 @@ jobs are being waited on, and a transient backend failure is retried within the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook, BaseXCom
@@ -71,6 +73,9 @@ class ShipyardJobTrigger(BaseTrigger):
     the trigger stopped: the task adds the lines after it) and ``log_lines`` (how many lines
     the task log then holds).
     """
+
+    #: the least time a trigger runs in a triggerer before it fires (see :meth:`_settle`)
+    settle_seconds = 10.0
 
     def __init__(
         self,
@@ -127,6 +132,26 @@ class ShipyardJobTrigger(BaseTrigger):
         return make_runner(engine=self._engine)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        started = time.monotonic()
+        async with contextlib.aclosing(self._events()) as events:
+            async for event in events:
+                await self._settle(started)
+                yield event
+
+    async def _settle(self, started: float) -> None:
+        """In a triggerer, fires no sooner than :attr:`settle_seconds` after the trigger
+        started: Airflow 3.3's scheduler fails a resumed task when it takes in the deferring
+        worker's exit only once the resumed try runs (apache/airflow#72716), which a job that
+        ends right after the task deferred sets off. ``dag.test()`` runs triggers inline (no
+        task instance on the trigger) and has no such race."""
+        if self.task_instance is None:
+            return
+        left = started + self.settle_seconds - time.monotonic()
+        if left > 0:
+            self.log.info("firing in %.1fs (letting Airflow's scheduler settle)", left)
+            await asyncio.sleep(left)
+
+    async def _events(self) -> AsyncGenerator[TriggerEvent, None]:
         await self._use_connection()
         stream = await self._open_stream() if self.stream_logs else None
         # a connection's own Docker engine is polled through a runner of its own

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -60,6 +62,29 @@ def test_success_and_failure_events(runner: Any) -> None:
     assert bad_event["app_handle"] == bad
 
 
+def test_in_a_triggerer_it_fires_no_sooner_than_settle_seconds(
+    runner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that ended before the task deferred: the trigger in a triggerer (which gives it
+    its task instance) holds the event, against apache/airflow#72716 (a race this test cannot
+    set off); inline (dag.test()) it fires at once."""
+    handle = runner.run(sh("quick", "true"), "local_cwd")
+    wait_until(lambda: runner.status(handle).is_terminal(), what=f"{handle} to end")
+    monkeypatch.setattr(ShipyardJobTrigger, "settle_seconds", 2.0)
+
+    def timed(trigger: ShipyardJobTrigger) -> tuple[dict[str, Any], float]:
+        t0 = time.monotonic()
+        event = asyncio.run(first_event(trigger))
+        return event, time.monotonic() - t0
+
+    inline, at_once = timed(ShipyardJobTrigger(handle, poll_interval=0.2))
+    held_trigger = ShipyardJobTrigger(handle, poll_interval=0.2)
+    held_trigger.task_instance = SimpleNamespace(task_id="t", dag_id="", run_id="")  # type: ignore[assignment]
+    held, after = timed(held_trigger)
+    assert inline["status"] == held["status"] == "success"
+    assert after >= 2.0 > at_once
+
+
 def test_unknown_app_is_an_error_event() -> None:
     event = asyncio.run(first_event(ShipyardJobTrigger("local_cwd://shipyard/no-such-app-42")))
     assert event["status"] == "error"
@@ -85,9 +110,11 @@ def test_triggers_share_status_polls(runner: Any, monkeypatch: pytest.MonkeyPatc
 
     events = asyncio.run(all_three())
     assert [e["state"] for e in events] == ["SUCCEEDED"] * 3
-    # the three triggers were answered together: one backend call per tick, not one per trigger
+    # the three triggers were answered together: one backend call per tick naming all three, not
+    # one per trigger (only a round made while the triggers were still starting may name fewer;
+    # how many ticks there were depends on the host's load, so it is not bounded)
     assert max(batches) == 3
-    assert len(batches) < 3 * 4
+    assert sum(b < 3 for b in batches) <= 2, batches
 
 
 def test_log_lines_are_streamed_while_waiting(

@@ -233,3 +233,32 @@ def test_preflight_with_a_workspace_looks_in_the_image_it_builds(
         f"roles[0].entrypoint: './run.sh' does not exist in image {IMAGE!r}"
     ]
     assert sched.list() == []
+
+
+def test_preflight_leaves_no_volume_and_skips_images_with_an_entrypoint(
+    sched: DockerScheduler, docker_client: Any
+) -> None:
+    """An image's VOLUME gives the lookup container an anonymous volume, removed with it; an
+    image with an ENTRYPOINT of its own takes the role's command as its arguments."""
+    import io
+
+    dockerfile = f'FROM {IMAGE}\nVOLUME /data\nENTRYPOINT ["sh", "-c"]\n'
+    with_entrypoint, _ = docker_client.images.build(
+        fileobj=io.BytesIO(dockerfile.encode()), tag="shipyard-test/preflight-ep:latest", rm=True
+    )
+    dockerfile = f"FROM {IMAGE}\nVOLUME /data\n"
+    with_volume, _ = docker_client.images.build(
+        fileobj=io.BytesIO(dockerfile.encode()), tag="shipyard-test/preflight-vol:latest", rm=True
+    )
+    volumes = {v.name for v in docker_client.volumes.list()}
+    app = AppDef(
+        "vol",
+        [
+            Role("a", image="shipyard-test/preflight-vol:latest", entrypoint="true"),
+            Role("b", image="shipyard-test/preflight-ep:latest", entrypoint="echo hi"),
+        ],
+    )
+    assert _runner(sched).preflight(app, "local_docker", {"pull": "never"}) == []
+    assert {v.name for v in docker_client.volumes.list()} == volumes
+    assert with_entrypoint.attrs["Config"]["Entrypoint"] == ["sh", "-c"]
+    assert with_volume.attrs["Config"]["Volumes"] == {"/data": {}}

@@ -563,7 +563,10 @@ def test_an_ended_app_described_from_memory_is_still_gone_once_removed(
     first = sched.describe(app_id)  # (from memory now: its final state and usage are known)
     again = sched.describe(app_id)
     assert first == again and first is not again
-    assert first is not None and [r.exit_code for r in first.roles_statuses[0].replicas] == [3, 3]
+    assert first is not None
+    # the first to exit 3 ends the app; the other exits 3 too, or is stopped (SIGTERM) first
+    codes = [r.exit_code for r in first.roles_statuses[0].replicas]
+    assert 3 in codes and set(codes) <= {3, -15}, codes
     AppDir(state_dir(), app_id).remove()  # (another process's retention sweep)
     assert sched.describe(app_id) is None
 
