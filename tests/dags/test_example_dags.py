@@ -6,6 +6,7 @@ import ast
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,7 +89,10 @@ def test_docker_job_dag(run_dag: Any, docker_client: Any) -> None:
     assert result.xcom("greet", "result") == {"greeter": {"0": {"greeted": 0}}}
 
 
-def test_slurm_job_dag(run_dag: Any, slurm_cluster: None) -> None:
+def test_slurm_job_dag(
+    run_dag: Any, slurm_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # (the job's logs and results land in the submitting directory)
     result = run_dag("shipyard_slurm_job")
     assert result.states == {"simulate": "success"}
     assert result.lines("coordinator/0 coordinator on")
