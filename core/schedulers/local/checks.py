@@ -1,8 +1,9 @@
 """Pre-flight checks of a local app (``LocalScheduler.preflight``): every role's entrypoint
 resolvable and executable, its working directory there and writable, the log directory
 writable, and as many GPUs on the host as the replicas ask for where
-``auto_set_cuda_visible_devices`` is to give each its own. Nothing is started or written (writability is asked of the kernel with
-``access(2)``); every problem is reported, each naming its field."""
+``auto_set_cuda_visible_devices`` is to give each its own. Nothing is started or written
+(writability is asked of the kernel with ``access(2)``); every problem is reported, each
+naming its field."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from core.schedulers.local.images import ImageProvider
 from core.schedulers.local.options import LocalOpts, local_opts
 from core.specs import AppDryRunInfo, Role
 
-__all__ = ["preflight"]
+__all__ = ["gpu_demand", "preflight"]
 
 
 def preflight(
@@ -47,15 +48,20 @@ def preflight(
     return problems
 
 
+def gpu_demand(roles: list[Role]) -> tuple[int, str]:
+    """How many GPUs the replicas of ``roles`` ask for in all, and who asks (``t: 2 x 1``)."""
+    asking = [r for r in roles if r.resource.gpu > 0]
+    needed = sum(r.resource.gpu * r.num_replicas for r in asking)
+    return needed, ", ".join(f"{r.name}: {r.num_replicas} x {r.resource.gpu}" for r in asking)
+
+
 def _gpu_problems(roles: list[Role], gpu_count: Callable[[], int]) -> list[Problem]:
     """The replicas ask for more GPUs than the host has (``nvidia-smi -L``): a submit would
     leave ``CUDA_VISIBLE_DEVICES`` unset, so every replica would see every GPU, or none."""
-    asking = [r for r in roles if r.resource.gpu > 0]
-    needed = sum(r.resource.gpu * r.num_replicas for r in asking)
+    needed, asks = gpu_demand(roles)
     have = gpu_count() if needed else 0
     if have >= needed:
         return []
-    asks = ", ".join(f"{r.name}: {r.num_replicas} x {r.resource.gpu}" for r in asking)
     return [
         Problem(
             "cfg.auto_set_cuda_visible_devices",

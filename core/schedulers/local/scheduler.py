@@ -37,7 +37,7 @@ from core.schedulers.local.appdir import (
     ensure_apps_root,
 )
 from core.schedulers.local.background import BACKGROUND, start_collector
-from core.schedulers.local.checks import preflight
+from core.schedulers.local.checks import gpu_demand, preflight
 from core.schedulers.local.collector import collect
 from core.schedulers.local.images import ImageProvider, PopenRequest, ReplicaParam
 from core.schedulers.local.logs import LogIterator
@@ -541,8 +541,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
     ) -> None:
         """Each replica of a role asking for N GPUs (``resource.gpu`` > 0) gets N devices of its
         own (TorchX's rule: one when N is 1), if the host has enough for all of them."""
-        gpu_roles = [r for r in app.roles if r.resource.gpu > 0]
-        needed = sum(r.resource.gpu * r.num_replicas for r in gpu_roles)
+        needed, asks = gpu_demand(app.roles)
         if not needed:
             return
         count = self._get_gpu_device_count()
@@ -551,12 +550,12 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 "auto_set_cuda_visible_devices: the replicas ask for %d GPUs (%s) but this host"
                 " has %d; CUDA_VISIBLE_DEVICES is not set, so every replica sees all of them",
                 needed,
-                ", ".join(f"{r.name}: {r.num_replicas} x {r.resource.gpu}" for r in gpu_roles),
+                asks,
                 count,
             )
             return
         device = 0
-        for role in gpu_roles:
+        for role in (r for r in app.roles if r.resource.gpu > 0):
             for param in role_params[role.name]:
                 devices = range(device, device + role.resource.gpu)
                 param.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
