@@ -17,7 +17,7 @@ import tarfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from core.specs import CfgVal, Role
+from core.specs import AppDef, CfgVal, Role
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,12 @@ class DirWorkspaceMixin(WorkspaceMixin):
                 os.chmod(dst, stat.S_IMODE(mode))
         log.info("workspace %s snapshotted into %s (%d files)", workspace, job_dir, len(files))
         role.image = job_dir
+
+    def preflight_workspace(self, app: AppDef, workspace: str, cfg: Mapping[str, CfgVal]) -> AppDef:
+        """Only checks ``workspace`` (for ``Scheduler.preflight``): its snapshot would make the
+        ``job_dir`` that the submit then finds there and refuses."""
+        check_workspace(workspace)
+        return app
 
 
 # --------------------------------------------------------------------------------------------

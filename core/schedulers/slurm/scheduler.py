@@ -63,7 +63,7 @@ from core.specs import (
     runopts,
 )
 from core.transient import BackendUnavailable
-from core.workspace import DirWorkspaceMixin, check_workspace, walk_workspace
+from core.workspace import DirWorkspaceMixin, walk_workspace
 
 log = logging.getLogger(__name__)
 
@@ -276,12 +276,6 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         log.info("workspace %s uploaded into %s:%s (%d files)", workspace, cluster, job_dir, count)
         self._created_job_dirs.add(job_dir)
         role.image = job_dir
-
-    def preflight_workspace(self, app: AppDef, workspace: str, cfg: Mapping[str, CfgVal]) -> AppDef:
-        """Only checks ``workspace``: its snapshot would make the ``job_dir`` the submit then
-        finds there (relative entrypoints in a new ``job_dir`` are not looked up)."""
-        check_workspace(workspace)
-        return app
 
     # -- submitting ----------------------------------------------------------------------------
 
