@@ -571,6 +571,8 @@ def test_job_dir_workspace_runs_in_its_snapshot(cluster: Cluster, tmp_path: Path
     runner = Runner("test", {"slurm": lambda session, **kw: cluster.sched})
     cfg = cluster.cfg({"job_dir": job_dir_cfg})
     assert [p for p in runner.preflight(app, "slurm", cfg, str(ws)) if p.is_error] == []
+    in_snapshot = AppDef("ws", [Role("main", entrypoint=f"{macros.img_root}/hello.sh")])
+    assert [p for p in runner.preflight(in_snapshot, "slurm", cfg, str(ws)) if p.is_error] == []
     assert not job_dir.exists()
     missing = runner.preflight(app, "slurm", cfg, str(tmp_path / "no-such-ws"))
     assert [p.field for p in missing if p.is_error] == ["workspace"]

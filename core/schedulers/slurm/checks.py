@@ -101,8 +101,7 @@ def _entrypoint_problems(
         rep = req.replicas.get(f"{role.name}-0")
         if rep is None:
             continue
-        relative = "/" in rep.entrypoint and not rep.entrypoint.startswith("/")
-        if relative and not in_job_dir:  # (it resolves in a directory the submit creates)
+        if not in_job_dir and _in_new_dir(rep.entrypoint, req.job_dir):
             continue
         path = shlex.quote(rep.env["PATH"]) if "PATH" in rep.env else '"$PATH"'
         lines.append(f"found {shlex.quote(rep.entrypoint)} {path} || echo {i}")
@@ -117,6 +116,14 @@ def _entrypoint_problems(
     return [
         Problem(f"roles[{i}].entrypoint", _not_found(checked[i], workdir)) for i in sorted(missing)
     ]
+
+
+def _in_new_dir(entrypoint: str, job_dir: str | None) -> bool:
+    """The entrypoint resolves in the directory the submit creates (a relative path, or one
+    under the new ``job_dir``, as ``${img_root}/run.sh`` becomes): nothing to look up yet."""
+    if "/" in entrypoint and not entrypoint.startswith("/"):
+        return True
+    return bool(job_dir) and entrypoint.startswith(f"{job_dir}/")
 
 
 def _not_found(entrypoint: str, job_dir: str | None) -> str:
