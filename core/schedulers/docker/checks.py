@@ -32,6 +32,8 @@ def preflight(api: Any, app: AppDef, pull: str = request.DEFAULT_PULL) -> list[P
     """The problems of ``app`` on the engine of ``api`` (see the module docs)."""
     problems = []
     usable: dict[str, bool] = {}
+    # roles sharing an image and an entrypoint (and PATH) share one lookup container
+    looked_up: dict[tuple[str, str, str | None], str | None] = {}
     for i, role in enumerate(app.roles):
         where = f"roles[{i}]"
         if role.image and role.image not in usable:
@@ -46,7 +48,10 @@ def preflight(api: Any, app: AppDef, pull: str = request.DEFAULT_PULL) -> list[P
                 field, _, msg = str(e).partition(": ")
                 problems.append(Problem(field, msg))
         if role.image and usable[role.image] and role.entrypoint:
-            missing = _entrypoint_problem(api, role)
+            key = (role.image, role.entrypoint, role.env.get("PATH"))
+            if key not in looked_up:
+                looked_up[key] = _entrypoint_problem(api, role)
+            missing = looked_up[key]
             if missing:
                 problems.append(Problem(f"{where}.entrypoint", missing))
     return problems

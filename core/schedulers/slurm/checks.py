@@ -126,10 +126,10 @@ def _in_new_dir(entrypoint: str, job_dir: str | None) -> bool:
     return bool(job_dir) and entrypoint.startswith(f"{job_dir}/")
 
 
-def _not_found(entrypoint: str, job_dir: str | None) -> str:
+def _not_found(entrypoint: str, workdir: str | None) -> str:
     if "/" not in entrypoint:
         return f"{entrypoint!r} was not found on PATH on the cluster's submit host"
-    where = "" if entrypoint.startswith("/") else f" in {job_dir or 'the job directory'}"
+    where = "" if entrypoint.startswith("/") else f" in {workdir or 'the job directory'}"
     return f"{entrypoint!r} does not exist{where} or is not executable on the cluster"
 
 
