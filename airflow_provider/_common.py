@@ -11,7 +11,7 @@ from core.runner import Runner, get_runner
 from core.specs import AppDef, AppState, Role
 
 if TYPE_CHECKING:
-    from core.schedulers.docker.engine import DockerEngine
+    from core.schedulers.docker_scheduler import DockerEngine
 
 #: file name endings of app files (Jinja-templated like any Airflow template file)
 APP_FILE_EXTS = (".yaml", ".yml")

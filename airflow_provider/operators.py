@@ -8,18 +8,17 @@ Retries re-attach instead of submitting twice. Two mechanisms work together:
   running anything, a job that failed or was cancelled is submitted afresh (that is what a retry
   is for).
 * Every job is tagged with the deterministic idempotency key
-  ``airflow:{dag_id}:{run_id}:{task_id}:{map_index}`` (``...:try{n}`` for a fresh submission in
-  try ``n`` after a failed job). Before submitting, the operator looks the keys of the earlier
-  tries up in the backend, so a worker that died between submitting and storing the handle (or
-  a deployment without a task state store) still re-attaches rather than starting a second job.
+  ``airflow:{dag_id}:{run_id}:{task_id}:{map_index}`` (``...:{n}`` for a fresh submission in
+  try ``n`` after a failed job): :meth:`core.runner.Runner.attach_or_submit`, the key scheme the
+  Prefect tasks and worker use too. Before submitting, the keys of the earlier tries are looked
+  up in the backend, so a worker that died between submitting and storing the handle (or a
+  deployment without a task state store) still re-attaches rather than starting a second job.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import queue
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,27 +35,30 @@ from airflow_provider._common import (
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_url
 from airflow_provider.triggers import ShipyardJobTrigger
-from core.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, lines_after
-from core.polling import status_poller
-from core.reports import fill_usage, usage_by_replica, usage_summary, with_usage
-from core.runner import AppFailedError, Runner
+from core.errors import JobSilentError, ShipyardError
+from core.reports import AppResult, usage_by_replica, usage_summary
+from core.runner import AppFailedError, Runner, attempt_key
 from core.schedulers import get_default_scheduler_name
-from core.silence import SilenceWatch, check_max_silence, effective_max_silence
 from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
+from core.watch import (
+    JobWatch,
+    LogCursor,
+    MemoryCursorStore,
+    WatchEnd,
+    check_max_silence,
+    effective_max_silence,
+)
 
 if TYPE_CHECKING:
     import jinja2
     from airflow.sdk import Context
 
-    from core.schedulers.docker.engine import DockerEngine
+    from core.schedulers.docker_scheduler import DockerEngine
 
 __all__ = ["ShipyardJobFailedError", "ShipyardOperator"]
 
-# what the status poller puts in the log queue when the app has a new status
-_WAKE: Any = object()
 
-
-class ShipyardJobFailedError(AirflowException):
+class ShipyardJobFailedError(ShipyardError, AirflowException):
     """The job did not succeed: the message has its state, exit codes and last log lines."""
 
     def __init__(self, error: AppFailedError) -> None:
@@ -66,7 +68,7 @@ class ShipyardJobFailedError(AirflowException):
         self.exit_codes = error.exit_codes
 
 
-class ShipyardJobSilentError(AirflowException):
+class ShipyardJobSilentError(ShipyardError, AirflowException):
     """The job was cancelled: replicas printed no line for ``max_silence`` seconds (the message
     names them, with their last lines)."""
 
@@ -173,7 +175,6 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self._handle: AppHandle | None = None
         self._submit_key: str | None = None
         self._result: AppHandle | None = None
-        self._silence: SilenceWatch | None = None
         self._engine: DockerEngine | None = None
 
     # -- templating --------------------------------------------------------------------------
@@ -300,44 +301,31 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         return idempotency_key(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
 
     @staticmethod
-    def _key_for_try(base: str, try_number: int) -> str:
-        return base if try_number <= 1 else f"{base}:try{try_number}"
+    def _try_number(context: Context) -> int:
+        return max(int(context["ti"].try_number or 1), 1)
 
     def submit_job(self, context: Context) -> AppHandle:
-        """Submits the app, or re-attaches to the job an earlier try of this task started."""
+        """Submits the app, or re-attaches to the job an earlier try of this task started
+        (:meth:`core.runner.Runner.attach_or_submit`, the try number being the attempt)."""
         app = self._app_def()
-        base = self._base_key(context)
-        try_number = max(int(context["ti"].try_number or 1), 1)
+        base, try_number = self._base_key(context), self._try_number(context)
+        self._submit_key = attempt_key(base, try_number)  # (on_kill finds a job in flight by it)
         with self._runner() as runner:
-            # The newest job of an earlier try (or of this one) wins: a running or succeeded one is
-            # followed, a failed one is replaced by a fresh submission under this try's key.
-            for n in range(try_number, 0, -1):
-                key = self._key_for_try(base, n)
-                found = runner.find(self._scheduler_name, key, self._cfg())
-                if found is None:
-                    continue
-                status = runner.status(found)
-                state = status.state.name if status else "UNKNOWN"
-                if n == try_number or state in ACTIVE_STATES or state == "SUCCEEDED":
-                    self.log.info("re-attaching to %s (%s, key %s)", found, state, key)
-                    self._handle = found
-                    return found
-                self.log.info(
-                    "the job of try %d, %s, ended %s: submitting a new one", n, found, state
-                )
-                break
-            self._submit_key = self._key_for_try(base, try_number)
-            handle = runner.run(
+            sub = runner.attach_or_submit(
                 app,
                 self._scheduler_name,
-                cfg=self._cfg(),
+                self._cfg(),
+                key=base,
+                attempt=try_number,
                 workspace=self.workspace,
-                idempotency_key=self._submit_key,
             )
-        self._handle = handle
-        self.log.info("submitted %s (key %s)", handle, self._submit_key)
-        context["ti"].xcom_push(key="app_id", value=parse_app_handle(handle).app_id)
-        return handle
+        self._handle = sub.handle
+        if sub.attached:
+            self.log.info("re-attaching to %s (%s, key %s)", sub.handle, sub.state, sub.key)
+        else:
+            self.log.info("submitted %s (key %s)", sub.handle, sub.key)
+        context["ti"].xcom_push(key="app_id", value=parse_app_handle(sub.handle).app_id)
+        return sub.handle
 
     def get_job_status(self, external_id: Any, context: Context) -> str:
         with self._runner() as runner:
@@ -358,28 +346,28 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             if self.deferrable:
                 status = runner.status(handle)
                 if status is None or not status.is_terminal():
-                    self.log.info(
-                        "%s is %s: deferring to ShipyardJobTrigger",
-                        handle,
-                        status.state.name if status else "UNKNOWN",
-                    )
-                    self.defer(
-                        trigger=ShipyardJobTrigger(
-                            app_handle=handle,
-                            poll_interval=self.poll_interval,
-                            target_states=["SUCCEEDED"],
-                            stream_logs=True,
-                            shipyard_conn_id=self.shipyard_conn_id,
-                            max_silence=self._max_silence(),
-                        ),
-                        method_name="execute_complete",
-                        timeout=self.execution_timeout,
-                    )
-                self._log_lines_after(runner, handle, LogCursor())
-            else:
-                status = self._wait_streaming(runner, handle)
-            self._result = self._finish(runner, context, handle, status)
+                    self._defer(handle, status)
+            self._result = self._finish(runner, context, self._watch(runner, handle))
         return self._result
+
+    def _defer(self, handle: AppHandle, status: AppStatus | None) -> None:
+        self.log.info(
+            "%s is %s: deferring to ShipyardJobTrigger",
+            handle,
+            status.state.name if status else "UNKNOWN",
+        )
+        self.defer(
+            trigger=ShipyardJobTrigger(
+                app_handle=handle,
+                poll_interval=self.poll_interval,
+                target_states=["SUCCEEDED"],
+                stream_logs=True,
+                shipyard_conn_id=self.shipyard_conn_id,
+                max_silence=self._max_silence(),
+            ),
+            method_name="execute_complete",
+            timeout=self.execution_timeout,
+        )
 
     def get_job_result(self, external_id: Any, context: Context) -> Any:
         handle = str(external_id)
@@ -388,11 +376,11 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         # an earlier try's job that already succeeded: show its logs and take its result
         self._handle = handle
         with self._runner() as runner:
-            self._log_lines_after(runner, handle, LogCursor())
-            return self._finish(runner, context, handle, runner.status(handle))
+            return self._finish(runner, context, self._watch(runner, handle))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        """Resumes after :class:`ShipyardJobTrigger` fired: checks the result, pushes XComs."""
+        """Resumes after :class:`ShipyardJobTrigger` fired: logs the lines the trigger did not
+        (all of them if it could not stream), checks the result, pushes XComs."""
         handle = event.get("app_handle") or self._handle
         if not handle:
             raise AirflowException(f"trigger event without app handle: {event}")
@@ -402,12 +390,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         if event.get("silent"):
             raise ShipyardJobSilentError(event.get("message"))
         with self._runner() as runner:
-            # the lines the trigger did not log (all of them if it could not stream)
-            self._log_lines_after(runner, handle, _event_cursor(event))
-            status = runner.status(handle)
-            if status is not None:  # (the figures only the triggerer saw)
-                fill_usage(status.roles, event.get("usage") or {})
-            return self._finish(runner, context, handle, status)
+            end = self._watch(runner, handle, _event_cursor(event), event.get("usage") or {})
+            return self._finish(runner, context, end)
 
     def resume_execution(
         self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
@@ -427,14 +411,10 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         stored = store.get(self.external_id_key) if store is not None else None
         if stored:
             return str(stored)
-        base = self._base_key(context)
-        try_number = max(int(context["ti"].try_number or 1), 1)
+        base, try_number = self._base_key(context), self._try_number(context)
         with self._runner() as runner:
-            for n in range(try_number, 0, -1):
-                found = runner.find(self._scheduler_name, self._key_for_try(base, n), self._cfg())
-                if found:
-                    return found
-        return None
+            latest = runner.find_latest(self._scheduler_name, base, try_number, self._cfg())
+        return latest[0] if latest is not None else None
 
     def on_kill(self) -> None:
         """Cancels the job (the task was killed, marked failed or timed out)."""
@@ -452,81 +432,34 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _wait_streaming(self, runner: Runner, handle: AppHandle) -> AppStatus | None:
-        """Waits for the app to end, logging its lines (``role/k line``) as they are produced.
-
-        A :class:`~core.follow.LogFollower` thread reads the logs and the process's status
-        poller (:func:`core.polling.status_poller`) watches the app; the lines are logged from
-        this (the task's main) thread. Once the app ended, lines the follower missed are logged
-        from the complete logs, so every line reaches the task log once, in order.
-        """
-        lines: queue.Queue[Any] = queue.Queue()
-        cursor = LogCursor()
-        limit = self._max_silence()
-        self._silence = SilenceWatch(limit) if limit else None
-        follower = LogFollower(handle, lines.put, runner_factory=self._runner).start()
-        ended = False
+    def _watch(
+        self,
+        runner: Runner,
+        handle: AppHandle,
+        cursor: LogCursor | None = None,
+        usage: Mapping[str, Any] | None = None,
+    ) -> WatchEnd:
+        """Follows the app to its end (:class:`core.watch.JobWatch`), logging its lines
+        (``role/k line``) after ``cursor`` (those the task log has already), each once, as they
+        are produced; then its usage (completed from ``usage``, what a triggerer measured) and
+        result. A job silent past ``max_silence`` is cancelled and fails the task."""
+        watch = JobWatch(
+            runner,
+            handle,
+            poll_interval=self.poll_interval,
+            logger=self.log,
+            logs=True,
+            on_line=lambda line: self.log.info("%s", line),
+            cursor=MemoryCursorStore(cursor),
+            max_silence=self._max_silence(),
+            final_usage=True,
+            known_usage=usage,
+            read_result=True,
+        )
         try:
-            with status_poller().watch(handle, self.poll_interval, self.log, runner) as watch:
-                watch.add_listener(lambda: lines.put(_WAKE))
-                while True:
-                    fresh, status = watch.take()
-                    if fresh and (status is None or status.is_terminal()):
-                        break
-                    if fresh:
-                        self._cancel_if_silent(runner, handle, status)
-                    ended = self._drain(lines, cursor, self.poll_interval) or ended
-            if not ended:
-                self._drain(lines, cursor, DRAIN_TIMEOUT, until_end=True)
-        finally:
-            follower.stop()
-        self._log_lines_after(runner, handle, cursor)
-        return status
-
-    def _drain(
-        self, lines: queue.Queue[Any], cursor: LogCursor, timeout: float, until_end: bool = False
-    ) -> bool:
-        """Logs queued lines for up to ``timeout`` seconds, returning early at a new status
-        (unless ``until_end``); True once the follower's end marker came."""
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                item = lines.get(timeout=remaining) if remaining > 0 else lines.get_nowait()
-            except queue.Empty:
-                if until_end:
-                    self.log.warning("stopped waiting for the last log lines after %ss", timeout)
-                return False
-            if item is END:
-                return True
-            if item is _WAKE:
-                if not until_end:
-                    return False
-                continue
-            index, line = item
-            if cursor.accept(index, line):
-                self.log.info("%s", line)
-                if self._silence is not None:
-                    self._silence.saw(line)
-
-    def _cancel_if_silent(
-        self, runner: Runner, handle: AppHandle, status: AppStatus | None
-    ) -> None:
-        """Cancels the job and fails the task if replicas are silent past ``max_silence``."""
-        hang = self._silence.hang(handle, status) if self._silence is not None else None
-        if hang is None:
-            return
-        self.log.error("%s", hang)
-        runner.cancel(handle)
-        raise ShipyardJobSilentError(str(hang))
-
-    def _log_lines_after(self, runner: Runner, handle: AppHandle, cursor: LogCursor) -> None:
-        """Logs every replica's lines after ``cursor`` (what is not in the task log yet)."""
-        try:
-            for _, line in lines_after(runner, handle, cursor):
-                self.log.info("%s", line)
-        except Exception as e:
-            self.log.warning("cannot read the logs of %s: %s", handle, e)
+            return watch.run()
+        except JobSilentError as e:
+            raise ShipyardJobSilentError(str(e)) from e
 
     def _push(self, context: Context, handle: AppHandle, status: AppStatus | None) -> None:
         ti = context["ti"]
@@ -546,12 +479,11 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                 return check_ui_url_template(template, f"{self.shipyard_conn_id}: extra.ui_url")
         return None
 
-    def _finish(
-        self, runner: Runner, context: Context, handle: AppHandle, status: AppStatus | None
-    ) -> AppHandle:
+    def _finish(self, runner: Runner, context: Context, end: WatchEnd) -> AppHandle:
+        handle, status = end.handle, end.status
         self._push(context, handle, status)
         if status is not None and status.is_terminal():
-            self._push_outcome(runner, context, handle, status)
+            self._push_outcome(context, status, end.result)
         try:
             runner.check_succeeded(handle, status)
         except AppFailedError as e:
@@ -559,19 +491,14 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self.log.info("%s SUCCEEDED", handle)
         return handle
 
-    def _push_outcome(
-        self, runner: Runner, context: Context, handle: AppHandle, status: AppStatus
-    ) -> None:
+    def _push_outcome(self, context: Context, status: AppStatus, result: AppResult | None) -> None:
         """The ended job's ``usage`` and ``result`` XComs, with a summary in the log."""
-        status = with_usage(status, lambda: runner.status(handle))
         usage = usage_by_replica(status.roles)
         for line in usage_summary(status.roles):
             self.log.info("usage: %s", line)
         if usage:
             context["ti"].xcom_push(key="usage", value=usage)
-        try:
-            result = runner.result(handle)
-        except NotImplementedError:
+        if result is None:  # a scheduler that collects no results
             return
         for error in result.errors:
             self.log.warning("result: %s", error)

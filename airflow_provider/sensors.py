@@ -12,15 +12,15 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.triggers import ShipyardJobTrigger
-from core.follow import LogCursor, lines_after
 from core.specs import AppState, parse_app_handle
 from core.transient import call_with_retries
+from core.watch import LogCursor, lines_after
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from core.runner import Runner
-    from core.schedulers.docker.engine import DockerEngine
+    from core.schedulers.docker_scheduler import DockerEngine
 
 __all__ = ["ShipyardJobSensor"]
 

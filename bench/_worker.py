@@ -124,7 +124,7 @@ def airflow_triggers(handles_file: str, seconds: float) -> dict[str, int]:
 
     _airflow_home()
     from airflow_provider.triggers import ShipyardJobTrigger
-    from core.polling import status_poller
+    from core.watch import status_poller
 
     with open(handles_file) as f:
         handles = f.read().split()
@@ -159,8 +159,8 @@ def trigger_load(handles_file: str, interval: float, seconds: float) -> dict[str
 
     _airflow_home()
     from airflow_provider.triggers import ShipyardJobTrigger
-    from core.polling import status_poller
     from core.runner import Runner
+    from core.watch import status_poller
 
     with open(handles_file) as f:
         handles = f.read().split()
@@ -221,7 +221,6 @@ def line_latency(handle: str, mode: str) -> dict[str, list[float]]:
     """Seconds from a replica printing ``<time.time()>`` to the line being logged: by a
     deferred task's trigger (``deferrable``) or the blocking operator's follower."""
     import asyncio
-    import queue
 
     _airflow_home()
     delays: list[float] = []
@@ -248,13 +247,14 @@ def line_latency(handle: str, mode: str) -> dict[str, list[float]]:
 
         asyncio.run(drive())
     else:
-        from core.follow import END, LogFollower
+        from core.runner import get_runner
+        from core.watch import JobWatch
 
-        lines: queue.Queue[object] = queue.Queue()
-        LogFollower(handle, lines.put).start()
         recorder = Recorder()
-        while (item := lines.get()) is not END:
-            recorder.info("%s", item[1])  # type: ignore[index]
+        with get_runner() as runner:  # (as the blocking operator follows it)
+            JobWatch(
+                runner, handle, logs=True, on_line=lambda line: recorder.info("%s", line)
+            ).run()
     return {"delays": delays}
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from core.errors import ShipyardError
 from core.specs import AppDef, BindMount, DeviceMount, VolumeMount, validate_app
 
 __all__ = [
@@ -69,7 +70,7 @@ class AppFileIssue:
         return f"{where}{self.path}: {self.message}" if self.path else f"{where}{self.message}"
 
 
-class AppFileError(ValueError):
+class AppFileError(ShipyardError, ValueError):
     """An app file or dict that does not describe a valid app.
 
     ``issues`` lists everything wrong (at least one); the message has one line per issue (up to

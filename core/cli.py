@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from core.errors import ShipyardError
 from core.specs import AppDef, AppState, Role, parse_app_handle
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ EXIT_CODES: dict[int, str] = {
 }
 
 
-class _UsageError(Exception):
+class _UsageError(ShipyardError):
     pass
 
 
@@ -159,7 +160,7 @@ def _cmd_check(runner: Runner, app: AppDef, scheduler: str, args: argparse.Names
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from core.runner import get_runner
-    from core.silence import effective_max_silence
+    from core.watch.silence import effective_max_silence
 
     app = _load_app(args)
     # --max-silence, else the app's own (metadata.max_silence) once the run is waited for
@@ -183,16 +184,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not (args.wait or args.log or args.max_silence is not None):
             return EXIT_OK
         try:
-            if limit is not None:
-                status = _wait_unless_silent(runner, handle, limit, args.log)
-            elif args.log:
-                for line in runner.stream_logs(handle, should_tail=True):
-                    print(str(line), flush=True)
-                status = runner.wait(handle, wait_interval=0.2)
-            else:
-                status = _wait_showing_progress(runner, handle, args.progress)
-        except KeyboardInterrupt:
-            runner.cancel(handle)
+            status = _wait(runner, handle, args, limit)
+        except KeyboardInterrupt:  # (the watch cancelled the app)
             print(f"interrupted: cancelled {handle}", file=sys.stderr)
             return EXIT_INTERRUPTED
         if status is None:
@@ -203,34 +196,47 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _checked_max_silence(args: argparse.Namespace) -> float | None:
-    from core.silence import check_max_silence
+    from core.watch.silence import check_max_silence
 
     return check_max_silence(args.max_silence, "--max-silence")
 
 
-def _wait_unless_silent(runner: Runner, handle: str, limit: float, log: bool) -> AppStatus | None:
-    """``--max-silence`` (or the app's): waits (printing the lines with ``--log``) and cancels
-    the app once a running replica printed nothing for ``limit`` seconds (exit 1, the message
-    naming it)."""
-    from core.silence import JobSilentError, wait_unless_silent
+def _wait(
+    runner: Runner, handle: str, args: argparse.Namespace, limit: float | None
+) -> AppStatus | None:
+    """Waits for the app: with ``--log`` printing every replica's lines, otherwise showing
+    replica states on stderr as they change (``--progress``: auto, a live line on a terminal
+    and plain lines otherwise; live; plain; none). With a ``max_silence`` (``--max-silence``
+    or the app's own) a replica silent that long cancels the app (exit 1, naming it). Ctrl-C
+    cancels the app."""
+    from core.errors import JobSilentError
+    from core.watch.job import JobWatch
+    from core.watch.progress import Progress
 
-    show = (lambda line: print(str(line), flush=True)) if log else None
+    progress = None
+    if not args.log and args.progress != "none":
+        live = None if args.progress == "auto" else args.progress == "live"
+        progress = Progress(sys.stderr, live=live)
+    watch = JobWatch(
+        runner,
+        handle,
+        poll_interval=0.2,
+        first_delay=0.001,
+        shared=False,
+        cancel_on_exit=True,
+        logs=args.log or limit is not None,
+        on_line=(lambda line: print(str(line), flush=True)) if args.log else None,
+        max_silence=limit,
+        on_status=progress.update if progress is not None else None,
+    )
     try:
-        return wait_unless_silent(runner, handle, limit, show, poll_interval=min(1.0, limit / 4))
+        return watch.run().status
     except JobSilentError as e:
         print(f"shipyard: {e}", file=sys.stderr)
         return runner.wait(handle, wait_interval=0.2)
-
-
-def _wait_showing_progress(runner: Runner, handle: str, mode: str) -> AppStatus | None:
-    """Waits for the app, showing replica states on stderr as they change (``mode``: auto, a
-    live line on a terminal and plain lines otherwise; live; plain; none)."""
-    if mode == "none":
-        return runner.wait(handle, wait_interval=0.2)
-    from core.progress import Progress, wait_with_progress
-
-    live = None if mode == "auto" else mode == "live"
-    return wait_with_progress(runner, handle, Progress(sys.stderr, live=live))
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -288,24 +294,24 @@ def _cmd_log(args: argparse.Namespace) -> int:
         ]
         if not selected:
             raise ValueError(f"log: {handle} has no replica {role}/{'*' if k is None else k}")
+        if args.tail and len(selected) > 1:  # several replicas: followed together
+            for entry in runner.stream_logs(
+                handle, should_tail=True, regex=args.regex, streams=streams, since=since
+            ):
+                if (entry.role, entry.replica) in selected:
+                    print(str(entry), flush=True)
+            return EXIT_OK
         prefix = len(selected) > 1
         for r, i in selected:
             lines = runner.log_lines(
                 handle, r, i, regex=args.regex, since=since, until=until,
-                should_tail=args.tail and len(selected) == 1, streams=streams,
+                should_tail=args.tail, streams=streams,
             )  # fmt: skip
             for line in lines:
                 sys.stdout.write(f"{r}/{i} {line}" if prefix else line)
                 if not line.endswith("\n"):
                     sys.stdout.write("\n")
             sys.stdout.flush()
-        if args.tail and len(selected) > 1:
-            # several replicas: follow them together
-            for entry in runner.stream_logs(
-                handle, should_tail=True, regex=args.regex, streams=streams
-            ):
-                if (role is None or entry.role == role) and (k is None or entry.replica == k):
-                    print(str(entry), flush=True)
     return EXIT_OK
 
 
@@ -559,10 +565,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _unexpected(e: Exception) -> int:
     """The exit code of an error no command handled, printed on one line: the backend could
     not be reached (:data:`EXIT_BACKEND_UNAVAILABLE`), or anything else (exit 1)."""
-    from core.transient import BackendUnavailable, is_transient
+    from core.transient import BackendUnavailableError, is_transient
 
     first = str(e).splitlines()[0] if str(e) else ""
-    if isinstance(e, BackendUnavailable) or is_transient(e):
+    if isinstance(e, BackendUnavailableError) or is_transient(e):
         print(
             f"shipyard: error: backend unavailable (try again later): {first or type(e).__name__}",
             file=sys.stderr,

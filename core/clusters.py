@@ -40,6 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from core.errors import ShipyardError
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -57,7 +59,7 @@ TRANSPORTS: tuple[str, ...] = ("local", "ssh", "rest")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
-class ClusterError(ValueError):
+class ClusterError(ShipyardError, ValueError):
     """A cluster that is unknown, badly configured or cannot be reached; the message names the
     cluster and the setting."""
 

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.specs import AppState, AppStatus, ResourceUsage, RoleStatus
+from core.errors import ShipyardError
+from core.specs import AppState, AppStatus, ResourceUsage, RoleStatus, format_bytes
 
 __all__ = [
     "MAX_RESULT_BYTES",
@@ -53,7 +54,7 @@ RESULT_REPLICAS_HELP = (
 _FIELD_RE = re.compile(r"^([A-Za-z_][\w.\[\]-]*): ")
 
 
-class ResultError(ValueError):
+class ResultError(ShipyardError, ValueError):
     """A replica's result could not be read (too large, not JSON, missing, or the app is
     unknown); the message names the replica."""
 
@@ -191,19 +192,6 @@ def problem_from_error(e: BaseException, default_field: str = "app") -> Problem:
 
 
 # -- usage ----------------------------------------------------------------------------------------
-
-
-def format_bytes(n: float) -> str:
-    """``3.0 GiB``, ``512 MiB``, ``1 MiB``"""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            value = n / size
-            return (
-                f"{value:.1f} {unit}"
-                if value < 10 and value != int(value)
-                else f"{value:.0f} {unit}"
-            )
-    return f"{int(n)} B"
 
 
 def oom_message(peak: int | None, requested: int | None) -> str:

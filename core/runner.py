@@ -17,18 +17,17 @@ from __future__ import annotations
 import builtins
 import logging
 import os
-import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from core.errors import ShipyardError
 from core.reports import AppResult, Problem, problem_from_error
 from core.schedulers import SchedulerFactory, get_default_scheduler_name, get_scheduler_factories
-from core.schedulers.api import IDEMPOTENCY_KEY, ListAppResponse, Scheduler, Stream
+from core.schedulers.api import ListAppResponse, Scheduler, Stream
 from core.specs import (
     NONE,
     AppDef,
@@ -41,17 +40,26 @@ from core.specs import (
     parse_app_handle,
     runopts,
 )
-from core.transient import RetryBudget
+
+if TYPE_CHECKING:
+    from core.watch.follow import LogLine
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AppFailedError", "LogLine", "Runner", "get_runner", "DEFAULT_SESSION"]
+__all__ = [
+    "DEFAULT_SESSION",
+    "AppFailedError",
+    "Runner",
+    "Submission",
+    "attempt_key",
+    "get_runner",
+]
 
 #: the session name used when none is given (override with ``SHIPYARD_SESSION``)
 DEFAULT_SESSION = "shipyard"
 
 
-class AppFailedError(RuntimeError):
+class AppFailedError(ShipyardError, RuntimeError):
     """An app ended in a state other than SUCCEEDED.
 
     Carries ``handle``, ``status`` (the final :class:`AppStatus`), ``exit_codes`` by role and the
@@ -95,21 +103,22 @@ class AppFailedError(RuntimeError):
         return "\n".join(parts)
 
 
+def attempt_key(key: str, attempt: int) -> str:
+    """The idempotency key of one attempt of a retried submission: ``key`` for the first,
+    ``key:N`` for attempt ``N`` (see :meth:`Runner.attach_or_submit`)."""
+    return key if attempt <= 1 else f"{key}:{attempt}"
+
+
 @dataclass(frozen=True)
-class LogLine:
-    """One log line of one replica, as produced by :meth:`Runner.stream_logs`."""
+class Submission:
+    """What :meth:`Runner.attach_or_submit` did: the job's ``handle``, the idempotency ``key``
+    it carries, whether it was ``attached`` to (submitted earlier) rather than submitted now,
+    and its ``state`` name when found (``SUBMITTED`` for a new one)."""
 
-    role: str
-    replica: int
-    line: str
-
-    @property
-    def prefix(self) -> str:
-        """``role/replica``"""
-        return f"{self.role}/{self.replica}"
-
-    def __str__(self) -> str:
-        return f"{self.prefix} {self.line.rstrip(chr(10))}"
+    handle: AppHandle
+    key: str
+    attached: bool
+    state: str
 
 
 class Runner:
@@ -163,6 +172,13 @@ class Runner:
         session, reaches the same apps: e.g. not one given a remote Docker engine's client)."""
         return self._plain
 
+    def sibling(self) -> Runner:
+        """A new runner of the same session that reaches the same apps (e.g. for another
+        thread to own: a runner is closed by whoever made it)."""
+        if self._plain:
+            return Runner(self._name)
+        return Runner(self._name, self._factories, self._scheduler_params)
+
     def scheduler_backends(self) -> list[str]:
         """Names of the schedulers this runner can use."""
         return list(self._factories)
@@ -198,14 +214,15 @@ class Runner:
         scheduler: str,
         cfg: Cfg | None = None,
         workspace: str | None = None,
+        idempotency_key: str | None = None,
     ) -> AppDryRunInfo[Any]:
-        """The request that :meth:`run` would submit (``str()`` of it is printable)."""
+        """The request that :meth:`run` would submit (``str()`` of it is printable); with
+        ``idempotency_key``, one that claims the key when scheduled."""
         sched = self._scheduler(scheduler)
-        if not workspace:
-            return sched.submit_dryrun(app, cfg)  # (it resolves cfg itself)
-        resolved = sched.resolve_cfg(cfg)
-        app = sched.apply_workspace(app, workspace, resolved)
-        return sched.submit_dryrun(app, resolved)
+        if workspace:
+            cfg = sched.resolve_cfg(cfg)
+            app = sched.apply_workspace(app, workspace, cfg)
+        return sched.submit_dryrun(app, cfg, idempotency_key=idempotency_key)
 
     def schedule(self, dryrun_info: AppDryRunInfo[Any]) -> AppHandle:
         """Submits a request made by :meth:`dryrun` and returns the app handle."""
@@ -228,9 +245,9 @@ class Runner:
         """Submits ``app`` to ``scheduler`` (default: the default scheduler) and returns its handle.
 
         With ``idempotency_key``, an app already submitted with the same key (by any process) is
-        returned instead of submitting a second one: a retried task re-attaches to its job. The
-        lookup below is only a shortcut; the scheduler's ``schedule`` claims the key atomically,
-        so two submitters racing with one key also get one app.
+        returned instead of submitting a second one. The lookup below is only a shortcut; the
+        scheduler's ``schedule`` claims the key atomically, so two submitters racing with one
+        key also get one app. A task that is retried uses :meth:`attach_or_submit`.
         """
         scheduler = scheduler or get_default_scheduler_name()
         if idempotency_key:
@@ -238,8 +255,62 @@ class Runner:
             if existing:
                 log.info("re-attaching to %s (idempotency key %s)", existing, idempotency_key)
                 return existing
-            app = AppDef(app.name, app.roles, {**app.metadata, IDEMPOTENCY_KEY: idempotency_key})
-        return self.schedule(self.dryrun(app, scheduler, cfg, workspace))
+        return self.schedule(self.dryrun(app, scheduler, cfg, workspace, idempotency_key))
+
+    def attach_or_submit(
+        self,
+        app: AppDef,
+        scheduler: str | None = None,
+        cfg: Cfg | None = None,
+        *,
+        key: str,
+        attempt: int = 1,
+        workspace: str | None = None,
+    ) -> Submission:
+        """Submits ``app`` once per attempt of something that may be retried (an Airflow task
+        instance, a Prefect task run, a flow run picked up by a worker), re-attaching instead
+        where an earlier submission's job is still of use.
+
+        Each attempt ``n`` tags its job with :func:`attempt_key` ``(key, n)``. The attempts'
+        jobs are looked up newest first (``attempt``, ``attempt - 1``, ... 1); the first one
+        found decides: this attempt's own job (submitted before a crash) is re-attached to
+        whatever its state, an earlier attempt's job that is still queued, running or
+        succeeded is re-attached to, and one that failed or was cancelled is what this attempt
+        is for: the app is submitted under this attempt's key.
+
+        Raises:
+            ValueError: ``key`` empty or ``attempt`` below 1, naming it.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key: expected a non-empty idempotency key, got {key!r}")
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+            raise ValueError(f"attempt: expected a positive integer, got {attempt!r}")
+        scheduler = scheduler or get_default_scheduler_name()
+        latest = self.find_latest(scheduler, key, attempt, cfg)
+        if latest is not None:
+            found, n = latest
+            status = self.status(found)
+            state = status.state.name if status is not None else "UNKNOWN"
+            ended_badly = status is None or status.state in (AppState.FAILED, AppState.CANCELLED)
+            if n == attempt or not ended_badly:
+                log.info("re-attaching to %s (%s, key %s)", found, state, attempt_key(key, n))
+                return Submission(found, attempt_key(key, n), True, state)
+            log.info("the job of attempt %d, %s, ended %s: submitting a new one", n, found, state)
+        mine = attempt_key(key, attempt)
+        handle = self.schedule(self.dryrun(app, scheduler, cfg, workspace, mine))
+        return Submission(handle, mine, False, AppState.SUBMITTED.name)
+
+    def find_latest(
+        self, scheduler: str, key: str, attempt: int, cfg: Cfg | None = None
+    ) -> tuple[AppHandle, int] | None:
+        """The newest of the jobs that attempts ``attempt``, ``attempt - 1``, ... 1 submitted
+        with :func:`attempt_key` ``(key, n)`` (see :meth:`attach_or_submit`), and its attempt
+        number; None if none did."""
+        for n in range(attempt, 0, -1):
+            found = self.find(scheduler, attempt_key(key, n), cfg)
+            if found is not None:
+                return found, n
+        return None
 
     def find(
         self,
@@ -290,35 +361,25 @@ class Runner:
         """Blocks until the app is terminal and returns its final status (None if unknown).
 
         Polls quickly at first (1 ms, doubling: a short app is seen ended within about its own
-        run time again), backing off to ``wait_interval`` seconds.
-
-        A transient failure to read the status (:mod:`core.transient`) is retried with backoff.
+        run time again), backing off to ``wait_interval`` seconds; through
+        :class:`core.watch.JobWatch`, so a transient failure to read the status is retried
+        within the retry budget (:mod:`core.transient`).
 
         Raises:
             TimeoutError: if ``timeout`` seconds pass first (the app keeps running).
-            BackendUnavailable: the backend kept failing for longer than the retry budget.
+            BackendUnavailableError: the backend kept failing for longer than the retry budget.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = min(0.001, wait_interval)
-        budget = RetryBudget(f"status of {app_handle}")
-        state = "UNKNOWN"
-        while True:
-            try:
-                status = self.status(app_handle)
-            except Exception as e:
-                pause = budget.failed(e)  # raises unless transient and within the budget
-                log.warning("reading the status of %s failed (retrying): %s", app_handle, e)
-            else:
-                budget.succeeded()
-                if status is None or status.is_terminal():
-                    return status
-                state, pause = status.state.name, delay
-                delay = min(delay * 2, wait_interval)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"app {app_handle} still {state} after {timeout}s")
-            time.sleep(
-                pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
-            )
+        from core.watch.job import JobWatch
+
+        watch = JobWatch(
+            self,
+            app_handle,
+            poll_interval=wait_interval,
+            first_delay=min(0.001, wait_interval),
+            shared=False,
+            timeout=timeout,
+        )
+        return watch.run().status
 
     def list(self, scheduler: str | None = None, cfg: Cfg | None = None) -> list[ListAppResponse]:
         """Apps on ``scheduler`` (default: the default scheduler), with handles filled in
@@ -371,41 +432,26 @@ class Runner:
         should_tail: bool = True,
         regex: str | None = None,
         streams: Stream | None = None,
+        since: datetime | None = None,
     ) -> Iterator[LogLine]:
-        """Log lines of every replica, interleaved as they arrive; each replica's lines in order.
+        """Log lines of every replica, interleaved as they arrive; each replica's lines in order
+        (a :class:`~core.watch.follow.LogLine` each: ``role``, ``replica``, ``line``); with
+        ``since``, from then on.
 
         With ``should_tail`` it follows the app until it is terminal. A replica whose log cannot
         be read is logged as a warning and skipped; the others go on.
         """
-        replicas = self.replicas(app_handle)
-        if not replicas:
-            return
-        q: queue.Queue[LogLine | None] = queue.Queue(maxsize=10000)
+        from core.watch.follow import stream_logs
 
-        def follow(role: str, k: int) -> None:
-            try:
-                for line in self.log_lines(
-                    app_handle, role, k, regex=regex, should_tail=should_tail, streams=streams
-                ):
-                    q.put(LogLine(role, k, line))
-            except Exception as e:  # one unreadable replica must not stop the others
-                log.warning("cannot read logs of %s %s/%d: %s", app_handle, role, k, e)
-            finally:
-                q.put(None)
-
-        threads = [
-            threading.Thread(target=follow, args=rk, daemon=True, name=f"logs-{rk[0]}-{rk[1]}")
-            for rk in replicas
-        ]
-        for t in threads:
-            t.start()
-        remaining = len(threads)
-        while remaining:
-            item = q.get()
-            if item is None:
-                remaining -= 1
-            else:
-                yield item
+        return stream_logs(
+            self,
+            app_handle,
+            self.replicas(app_handle),
+            should_tail=should_tail,
+            regex=regex,
+            streams=streams,
+            since=since,
+        )
 
     def last_lines(
         self, app_handle: AppHandle, status: AppStatus | None = None, n: int = 20

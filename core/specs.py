@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import IntEnum, StrEnum
 from typing import Any, Generic, TypeVar
 
+from core.errors import ShipyardError
 from core.options import Cfg, CfgVal, cfg_from_str, runopt, runopts
 
 __all__ = [
@@ -555,6 +556,19 @@ def is_terminal(state: AppState) -> bool:
     return state in _TERMINAL_STATES
 
 
+def format_bytes(n: float) -> str:
+    """``3.0 GiB``, ``512 MiB``, ``1 MiB``"""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return (
+                f"{value:.1f} {unit}"
+                if value < 10 and value != int(value)
+                else f"{value:.0f} {unit}"
+            )
+    return f"{int(n)} B"
+
+
 @dataclass
 class ResourceUsage:
     """What one replica used, as its backend measured it (a field is None where the backend
@@ -588,8 +602,6 @@ class ResourceUsage:
 
     def format(self) -> str:
         """``wall 12.0s, cpu 10.2s, peak 3.0 GiB of 4.0 GiB``"""
-        from core.reports import format_bytes
-
         parts = []
         if self.wall_time is not None:
             parts.append(f"wall {self.wall_time:.1f}s")
@@ -708,6 +720,9 @@ class AppDryRunInfo(Generic[T]):
         self._cfg: Mapping[str, CfgVal] | None = None
         self._scheduler: str | None = None
         self._images_to_push: dict[str, tuple[str, str]] = {}
+        #: the key that makes scheduling this request happen once (see
+        #: ``Scheduler.schedule``); None: every schedule submits
+        self.idempotency_key: str | None = None
 
     # (stored under the specification's private names, which schedulers may still read)
 
@@ -752,7 +767,7 @@ class AppDryRunInfo(Generic[T]):
 AppHandle = str
 
 
-class MalformedAppHandleException(ValueError):
+class MalformedAppHandleException(ShipyardError, ValueError):
     """Raised for an app handle that is not ``{scheduler}://{session}/{app_id}``."""
 
     def __init__(self, app_handle: str) -> None:

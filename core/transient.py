@@ -3,10 +3,11 @@
 A transient error says nothing about the job: the backend could not be reached or did not
 answer this time (a timed-out ``squeue``, a Docker engine answering 5xx or restarting, a dropped
 SSH connection). Callers retry it with backoff and never report it as a job state; once the
-budget is spent they raise one :class:`BackendUnavailable` naming what failed and how often.
+budget is spent they raise one :class:`BackendUnavailableError` naming what failed and how often.
 
-Everything that waits on a job (:mod:`core.follow`, the runner's ``wait``, the CLI, the Airflow
-and Prefect integrations) goes through :func:`is_transient` and :class:`RetryBudget`.
+Everything that waits on a job (:class:`core.watch.JobWatch`: the runner's ``wait``, the CLI,
+the Airflow and Prefect integrations) goes through :func:`is_transient`, :func:`backoff` and
+:func:`retry_budget`; a single call retried in place uses :func:`call_with_retries`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from core.errors import BackendUnavailableError
+
 if TYPE_CHECKING:
     from tenacity import RetryCallState
 
@@ -27,8 +30,8 @@ log = logging.getLogger(__name__)
 __all__ = [
     "BACKOFF_MAX",
     "BUDGET",
-    "BackendUnavailable",
-    "RetryBudget",
+    "BackendUnavailableError",
+    "backoff",
     "call_with_retries",
     "is_transient",
     "retry_budget",
@@ -61,11 +64,6 @@ def retry_budget() -> float:
     return value
 
 
-class BackendUnavailable(RuntimeError):
-    """The backend could not be reached or did not answer (after retries, where the caller
-    retried): nothing is known about the job, which may well still be running."""
-
-
 def _http_status(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
@@ -82,7 +80,7 @@ def _is_requests_connection_error(exc: BaseException) -> bool:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is worth another try: the backend was unreachable or answered with a
     server error (HTTP 5xx, e.g. a Docker engine), not a verdict on the request."""
-    if isinstance(exc, BackendUnavailable | ConnectionError | TimeoutError):
+    if isinstance(exc, BackendUnavailableError | ConnectionError | TimeoutError):
         return True
     if isinstance(exc, subprocess.TimeoutExpired):
         return True
@@ -92,45 +90,10 @@ def is_transient(exc: BaseException) -> bool:
     return status is not None and status >= 500
 
 
-class RetryBudget:
-    """Consecutive transient failures of one thing (e.g. the status of one app).
-
-    :meth:`failed` records one and says how long to wait before the next try (doubling from
-    ``first_delay`` up to :data:`BACKOFF_MAX`); once failures have lasted ``budget`` seconds, or
-    at once for an error that is not transient, it raises. :meth:`succeeded` starts over.
-    """
-
-    def __init__(self, what: str, budget: float | None = None, first_delay: float = 0.5) -> None:
-        self.what = what
-        self.budget = retry_budget() if budget is None else budget
-        self.first_delay = first_delay
-        self.failures = 0
-        self._since: float | None = None
-
-    def succeeded(self) -> None:
-        """The last try worked."""
-        self.failures = 0
-        self._since = None
-
-    def failed(self, exc: BaseException) -> float:
-        """Records ``exc``; returns the seconds to wait before trying again.
-
-        Raises:
-            BackendUnavailable: ``exc`` was transient and the budget is spent (from ``exc``).
-            BaseException: ``exc`` itself when it is not transient.
-        """
-        if not is_transient(exc):
-            raise exc
-        now = time.monotonic()
-        if self._since is None:
-            self._since = now
-        self.failures += 1
-        if now - self._since >= self.budget:
-            raise BackendUnavailable(
-                f"{self.what}: the backend kept failing for {now - self._since:.0f}s"
-                f" ({self.failures} tries): {exc}"
-            ) from exc
-        return float(min(self.first_delay * 2 ** (self.failures - 1), BACKOFF_MAX))
+def backoff(failures: int, first_delay: float = 0.5) -> float:
+    """Seconds to wait before the next try after ``failures`` consecutive failures: doubling
+    from ``first_delay`` up to :data:`BACKOFF_MAX`."""
+    return float(min(first_delay * 2 ** max(failures - 1, 0), BACKOFF_MAX))
 
 
 def _log_retry(state: RetryCallState) -> None:
@@ -146,7 +109,7 @@ def call_with_retries(
     (default: :func:`retry_budget`).
 
     Raises:
-        BackendUnavailable: the budget is spent (naming ``what`` and the last error).
+        BackendUnavailableError: the budget is spent (naming ``what`` and the last error).
         BaseException: whatever ``fn`` raised that is not transient, at once.
     """
     from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
@@ -161,6 +124,6 @@ def call_with_retries(
     try:
         return retrying(fn)
     except BaseException as e:
-        if is_transient(e) and not isinstance(e, BackendUnavailable):
-            raise BackendUnavailable(f"{what}: {e}") from e
+        if is_transient(e) and not isinstance(e, BackendUnavailableError):
+            raise BackendUnavailableError(f"{what}: {e}") from e
         raise

@@ -15,9 +15,9 @@ Deployments run as Shipyard jobs on a work pool of type ``shipyard`` (:mod:`pref
 
 from __future__ import annotations
 
+from core.errors import JobCancelledError
 from prefect_tasks.blocks import ShipyardBackend, SlurmCluster
 from prefect_tasks.flows import JobResult, cancel_flow_run_jobs, run_job, run_job_async
-from prefect_tasks.jobs import JobCancelledError
 from prefect_tasks.tasks import (
     cancel_job,
     cancel_job_async,

@@ -40,7 +40,7 @@ from pydantic import Field, SecretStr
 from core.clusters import ClusterConfig, Secret, register_cluster
 from core.runner import Runner, get_runner
 from core.schedulers import get_scheduler_factories
-from core.schedulers.docker.engine import DockerEngine, connect
+from core.schedulers.docker_scheduler import DockerEngine, connect
 from core.specs import Cfg
 
 __all__ = [

@@ -24,8 +24,8 @@ from typing import Any
 
 from prefect import flow
 
-from core.silence import effective_max_silence
 from core.specs import AppHandle, AppState, AppStatus, CfgVal
+from core.watch import effective_max_silence
 from prefect_tasks.blocks import SlurmCluster
 from prefect_tasks.jobs import async_twin, cancel_flow_run_jobs, guard_flow_run, resolve_app
 from prefect_tasks.tasks import (
@@ -89,7 +89,7 @@ def run_job(
         cluster: a :class:`~prefect_tasks.blocks.SlurmCluster` block (or a saved one's name) to
             run on (the scheduler is then ``slurm`` unless given)
         max_silence: seconds a running replica may go without a log line; past that the job is
-            cancelled (:class:`core.silence.JobSilentError`). None: the app's own (its
+            cancelled (:class:`core.errors.JobSilentError`). None: the app's own (its
             ``metadata.max_silence``), else no limit
 
     Retrying the flow (``run_job.with_options(retries=2)``) re-attaches to a job still running

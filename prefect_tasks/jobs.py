@@ -2,17 +2,19 @@
 
 * :func:`resolve_app` turns an ``AppDef``, a dict or a YAML path into an ``AppDef``.
 * :func:`derive_idempotency_key` gives a key that is the same on every retry of a task run (and on
-  every retry of its flow run), and :func:`submit` uses it so that a retry re-attaches to the job
-  its earlier attempt started instead of submitting a second one.
+  every retry of its flow run), and :func:`submit` uses it with :func:`current_attempt` through
+  :meth:`core.runner.Runner.attach_or_submit` (the key scheme the Airflow operator and the
+  worker use too), so that a retry re-attaches to the job its earlier attempt started instead
+  of submitting a second one.
 * :func:`guard_flow_run` covers the time between submitting and waiting: a SIGTERM guard and
   ``on_crashed`` / ``on_cancellation`` hooks that cancel the flow run's unfinished jobs (the jobs
   a flow run started in this process are tracked until they are seen final).
-* :func:`is_interrupt` tells what ends a run from outside from an ordinary error;
-  :func:`async_twin` makes a task's async twin, which runs the same body in a thread and tells
-  it of an interruption through :func:`interrupted`.
+* :func:`async_twin` makes a task's async twin, which runs the same body in a thread and tells
+  it of an interruption through :func:`interrupted` (what is an interruption:
+  :func:`core.watch.is_interrupt`).
 
-Waiting on a job, following its logs and noticing that the run goes away are in
-:mod:`prefect_tasks.waiting`. Everything is addressed by app handle, so any process can pick a
+Waiting on a job and following its logs is :class:`core.watch.JobWatch`; noticing that the run
+goes away is :class:`prefect_tasks.waiting.CancelWatch`. Everything is addressed by app handle, so any process can pick a
 job up again.
 """
 
@@ -32,34 +34,14 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar
 
-from core.runner import Runner, get_runner
-from core.specs import AppDef, AppHandle, AppState, Cfg
+from core.runner import Runner, attempt_key, get_runner
+from core.specs import AppDef, AppHandle, Cfg
+from core.watch import is_interrupt
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-#: how many failed jobs of one task run are skipped before giving up looking for a live one
-MAX_GENERATIONS = 1000
-
-
-class JobCancelledError(RuntimeError):
-    """A task stopped waiting and cancelled its job because the run was going away.
-
-    Attributes:
-        handle: the cancelled job's app handle
-        reason: why (the flow run was cancelled, the flow timed out ...)
-    """
-
-    def __init__(self, handle: str, reason: str) -> None:
-        self.handle = handle
-        self.reason = reason
-        super().__init__(f"cancelled app {handle}: {reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.handle, self.reason))
-
 
 # --------------------------------------------------------------------------------------------
 # apps and keys
@@ -152,8 +134,27 @@ def derive_idempotency_key(
         return key
 
 
-def _generation_key(key: str, generation: int) -> str:
-    return key if generation == 0 else f"{key}-{generation}"
+def current_attempt() -> int:
+    """The attempt of the current task run, counted across the retries of the task run and of
+    its flow run (1 outside a task run): ``(flow run attempt - 1) * (task retries + 1) + task
+    run attempt``, so every try of a task in every try of its flow has a number of its own, in
+    order (see :meth:`core.runner.Runner.attach_or_submit`)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    tctx = TaskRunContext.get()
+    if tctx is None:
+        return 1
+    tries = max(int(tctx.task_run.run_count or 1), 1)
+    retries = int(getattr(tctx.task, "retries", 0) or 0)
+    fctx = FlowRunContext.get()
+    flow_tries = 1
+    if (
+        fctx is not None
+        and fctx.flow_run is not None
+        and fctx.flow_run.id == tctx.task_run.flow_run_id
+    ):
+        flow_tries = max(int(fctx.flow_run.run_count or 1), 1)
+    return (flow_tries - 1) * (retries + 1) + tries
 
 
 def submit(
@@ -165,52 +166,37 @@ def submit(
     key: str | None,
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> AppHandle:
-    """Submits ``app`` unless a job with ``key`` is already running or succeeded.
+    """Submits ``app`` (once per attempt of the task run, with ``key``: see
+    :meth:`core.runner.Runner.attach_or_submit`), tracking the job for the flow's hooks.
 
-    A job of the key that failed or was cancelled is what a retry is for: it is skipped and the
-    app is submitted again under the next generation of the key (``key-1``, ``key-2`` ...), so a
-    retry after a crash re-attaches and a retry after a failure runs the job again, but no attempt
-    ever submits twice.
+    A retry after a crash re-attaches to the job still running (or that succeeded); a retry
+    after a failure runs it again; no attempt ever submits twice. Interrupted on the way
+    (SIGTERM, a timeout), it cancels the job, found by its key if need be.
     """
-    if key is None:
-        return _submit_tracked(runner, app, scheduler, cfg, workspace, None, logger)
-    for generation in range(MAX_GENERATIONS):
-        gkey = _generation_key(key, generation)
-        found = runner.find(scheduler, gkey, cfg)
-        if found is None:
-            return _submit_tracked(runner, app, scheduler, cfg, workspace, gkey, logger)
-        status = runner.status(found)
-        if status is None or (status.is_terminal() and status.state != AppState.SUCCEEDED):
-            state = status.state.name if status else "gone"
-            logger.info("earlier attempt's job %s is %s; submitting a new one", found, state)
-            continue
-        track(found)
-        logger.info("re-attaching to %s (%s, idempotency key %s)", found, status.state.name, gkey)
-        return found
-    raise RuntimeError(f"idempotency key {key}: {MAX_GENERATIONS} failed jobs, giving up")
-
-
-def _submit_tracked(
-    runner: Runner,
-    app: AppDef,
-    scheduler: str,
-    cfg: Cfg | None,
-    workspace: str | None,
-    key: str | None,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-) -> AppHandle:
-    """Submits and tracks the job; interrupted on the way (SIGTERM, a timeout), cancels it."""
+    attempt = current_attempt()
     handle: AppHandle | None = None
     try:
-        handle = runner.run(app, scheduler, cfg, workspace, idempotency_key=key)
+        if key is None:
+            handle = runner.run(app, scheduler, cfg, workspace)
+            logger.info("submitted %s", handle)
+        else:
+            sub = runner.attach_or_submit(
+                app, scheduler, cfg, key=key, attempt=attempt, workspace=workspace
+            )
+            handle = sub.handle
+            what = (
+                f"re-attaching to {handle} ({sub.state},"
+                if sub.attached
+                else f"submitted {handle} ("
+            )
+            logger.info("%s idempotency key %s)", what, sub.key)
         track(handle)
-        logger.info("submitted %s (idempotency key %s)", handle, key)
         return handle
     except BaseException as e:
         if is_interrupt(e):
             # the job may exist without our knowing its handle yet: find it by key
             if handle is None and key is not None:
-                handle = runner.find(scheduler, key, cfg)
+                handle = runner.find(scheduler, attempt_key(key, attempt), cfg)
             cancel_quietly(runner, handle, logger, f"interrupted while submitting: {e!r}")
         raise
 
@@ -385,13 +371,6 @@ def guard_flow_run() -> None:
 # --------------------------------------------------------------------------------------------
 # interrupts and threads
 # --------------------------------------------------------------------------------------------
-
-
-def is_interrupt(exc: BaseException) -> bool:
-    """True for what ends a run from outside: timeouts and cancellation (Prefect's and asyncio's),
-    SIGTERM (Prefect's ``TerminationSignal``), Ctrl-C and exit. False for ordinary errors, which
-    leave the job running so that a retry can re-attach to it."""
-    return not isinstance(exc, Exception) and not isinstance(exc, GeneratorExit)
 
 
 #: why the async twin whose thread runs the caller was interrupted (see :func:`async_twin`)

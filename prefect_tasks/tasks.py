@@ -22,19 +22,20 @@ never be skipped because an earlier run had the same inputs. Options such as ``r
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
-from core.reports import usage_summary, with_usage
+from core.errors import JobCancelledError, JobSilentError
+from core.reports import usage_summary
 from core.runner import Runner
 from core.schedulers import get_scheduler_factories
-from core.silence import SilenceWatch, check_max_silence
 from core.specs import AppHandle, AppStatus, Cfg, parse_app_handle
+from core.watch import JobWatch, LogLine, check_max_silence, is_interrupt
 from prefect_tasks import jobs, waiting
 from prefect_tasks.blocks import (
     ShipyardBackend,
@@ -177,7 +178,7 @@ def submit_job(
         why = jobs.interrupted()  # the async twin, while the submission was in flight
         if why:
             jobs.cancel_quietly(runner, handle, logger, why)
-            raise jobs.JobCancelledError(handle, why)
+            raise JobCancelledError(handle, why)
         return handle
 
 
@@ -194,13 +195,6 @@ submit_job_async = _async_task(
 # --------------------------------------------------------------------------------------------
 # wait
 # --------------------------------------------------------------------------------------------
-
-
-def _start_forwarder(runner: Runner, handle: AppHandle, **kwargs: Any) -> waiting.LogForwarder:
-    logger = _logger()
-    forwarder = waiting.LogForwarder(runner, handle, lambda line: logger.info("%s", line), **kwargs)
-    forwarder.start()
-    return forwarder
 
 
 @task(name="shipyard-wait-for-job", cache_policy=NO_CACHE)
@@ -228,60 +222,63 @@ def wait_for_job(
             one (another process than the submitter's needs its settings)
         max_silence: seconds a running replica may go without a log line (with
             ``stream_logs``); past that the job is cancelled and the task fails with
-            :class:`core.silence.JobSilentError` naming the silent replicas and their last lines
+            :class:`core.errors.JobSilentError` naming the silent replicas and their last lines
 
     Once the job ended, what each replica used (wall and CPU time, peak memory) is in the log
     and in a table artifact of the run.
 
     The job is cancelled when the wait is interrupted: a task or flow timeout, a cancelled flow
     run, SIGTERM to the flow process, also when this task was started with ``.submit()``. An
-    ordinary error (the backend briefly unreachable) leaves the job running, so a retry of this
-    task picks it up again.
+    ordinary error (the backend unreachable for longer than the retry budget) leaves the job
+    running, so a retry of this task picks it up again.
 
     Raises:
         core.runner.AppFailedError: the job failed, was cancelled or is unknown; the message has
             its state, exit codes and the last log lines of the replicas that did not succeed.
         TimeoutError: ``timeout`` passed.
         JobCancelledError: the run went away and the job was cancelled.
-        core.silence.JobSilentError: replicas were silent for ``max_silence`` seconds.
+        core.errors.JobSilentError: replicas were silent for ``max_silence`` seconds.
     """
     _check_handle(handle)
     max_silence = check_max_silence(max_silence)
-    silence = SilenceWatch(max_silence) if max_silence and stream_logs else None
     _check_positive(timeout, "timeout")
     _check_positive(poll_interval, "poll_interval", allow_none=False)
     _check_positive(cancel_check_interval, "cancel_check_interval")
     logger = _logger()
-    watch = waiting.CancelWatch(cancel_check_interval)
+    stop = waiting.CancelWatch(cancel_check_interval)
     with runner_for(cluster) as runner:
-        forwarder = _start_forwarder(runner, handle, silence=silence) if stream_logs else None
+        watch = JobWatch(
+            runner,
+            handle,
+            poll_interval=poll_interval,
+            logger=logger,
+            timeout=timeout,
+            cancel_on_timeout=cancel_on_timeout,
+            cancel_on_exit=True,
+            should_stop=stop.reason,
+            logs=stream_logs,
+            on_line=lambda line: logger.info("%s", line),
+            max_silence=max_silence,
+            final_usage=True,
+        )
         try:
-            status = waiting.wait(
-                runner,
-                handle,
-                timeout=timeout,
-                poll_interval=poll_interval,
-                watch=watch,
-                logger=logger,
-                cancel_on_timeout=cancel_on_timeout,
-                silence=silence,
-            )
-            if forwarder is not None:  # its last lines
-                waiting.follow(forwarder, watch, waiting.LOG_DRAIN_TIMEOUT)
-        finally:
-            if forwarder is not None:
-                forwarder.cancel()
-        _report_usage(runner, handle, status, logger)
+            status = watch.run().status
+        except BaseException as e:
+            cancelled = isinstance(e, JobCancelledError | JobSilentError) or is_interrupt(e)
+            if cancelled or (isinstance(e, TimeoutError) and cancel_on_timeout):
+                jobs.untrack(handle)
+            raise
+        jobs.untrack(handle)
+        _report_usage(handle, status, logger)
         final = runner.check_succeeded(handle, status)  # raises AppFailedError
         logger.info("%s %s", handle, final.state.name)
         return final
 
 
-def _report_usage(runner: Runner, handle: AppHandle, status: AppStatus | None, logger: Any) -> None:
+def _report_usage(handle: AppHandle, status: AppStatus | None, logger: Any) -> None:
     """What the ended job's replicas used: a line each in the log, and a table artifact."""
     if status is None or not status.is_terminal():
         return
-    status = with_usage(status, lambda: runner.status(handle))
     for line in usage_summary(status.roles):
         logger.info("usage: %s", line)
     if not any(r.usage is not None for rs in status.roles for r in rs.replicas):
@@ -390,27 +387,38 @@ def stream_job_logs(
     _check_log_args(role, replica, regex, max_lines)
     _check_positive(timeout, "timeout")
     _check_positive(cancel_check_interval, "cancel_check_interval")
-    watch = waiting.CancelWatch(cancel_check_interval)
+    stop = waiting.CancelWatch(cancel_check_interval)
+    logger = _logger()
+    lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+
+    def take(line: LogLine) -> None:
+        logger.info("%s", line)
+        lines.append(str(line))
+
     with runner_for(cluster) as runner:
         _check_replica_exists(runner, handle, role, replica)
-        forwarder = _start_forwarder(
+        watch = JobWatch(
             runner,
             handle,
+            logger=logger,
+            timeout=timeout,
+            should_stop=stop.reason,
+            logs=True,
+            on_line=take,
             role=role,
             replica=replica,
             regex=regex,
-            should_tail=should_tail,
-            keep=max_lines,
+            tail=should_tail,
         )
         try:
-            stopped = waiting.follow(forwarder, watch, timeout)
-        finally:
-            forwarder.cancel()
-    if forwarder.error is not None:
-        raise forwarder.error
+            stopped = watch.run().stopped
+        except TimeoutError:
+            stopped = f"timeout of {timeout}s"
+    if watch.log_error is not None:
+        raise watch.log_error
     if stopped:
-        _logger().info("stopped following the logs of %s: %s", handle, stopped)
-    return list(forwarder.lines)
+        logger.info("stopped following the logs of %s: %s", handle, stopped)
+    return list(lines)
 
 
 stream_job_logs_async = _async_task(stream_job_logs, ":func:`stream_job_logs` for async flows.")
@@ -446,20 +454,28 @@ def cancel_job(
         runner.cancel(handle)
         jobs.untrack(handle)
         logger.info("cancel requested for %s", handle)
-        deadline = time.monotonic() + timeout
-        status = runner.status(handle)
-        while wait and status is not None and not status.is_terminal():
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"app {handle} still {status.state.name} {timeout}s after cancel"
-                )
-            if jobs.interrupted():
-                return status
-            time.sleep(0.1)
-            status = runner.status(handle)
-        if wait:
-            logger.info("%s is %s", handle, status.state.name if status else "gone")
+        if not wait:
+            return runner.status(handle)
+        watch = JobWatch(
+            runner,
+            handle,
+            poll_interval=0.5,
+            logger=logger,
+            timeout=timeout,
+            should_stop=jobs.interrupted,
+        )
+        try:
+            status = watch.run().status
+        except TimeoutError:
+            raise TimeoutError(
+                f"app {handle} still {_state(watch)} {timeout}s after cancel"
+            ) from None
+        logger.info("%s is %s", handle, status.state.name if status else "gone")
         return status
+
+
+def _state(watch: JobWatch) -> str:
+    return watch.status.state.name if watch.status is not None else "UNKNOWN"
 
 
 cancel_job_async = _async_task(cancel_job, ":func:`cancel_job` for async flows.")

@@ -1,55 +1,24 @@
-"""Waiting on Shipyard jobs from Prefect tasks, thin over :mod:`core.runner`.
+"""Noticing, while a Prefect task waits on a job, that its run is going away: :class:`CancelWatch`
+(the ``should_stop`` of the task's :class:`core.watch.JobWatch`).
 
-* :class:`CancelWatch` notices that the run is going away while a task waits on a job: Prefect's
-  thread-pool task runner shutting down (a flow timeout, a flow that failed or returned, SIGTERM to
-  the flow process), the flow's own timeout passing, or the flow run (or a parent) being cancelled
-  through the API.
-* :class:`LogForwarder` sends a job's log lines to a logger, one record per line, as they arrive
-  (thin over :class:`core.follow.LogFollower`).
-* the status of every job waited on in the process is polled by :func:`core.polling.status_poller`
-  (one ``status_many`` call per round; transient backend errors retried within the budget of
-  :mod:`core.transient`).
-* :func:`wait` follows the job to a final state and cancels it when it is interrupted (task or
-  flow timeout, cancellation, SIGTERM, Ctrl-C); :func:`follow` waits for a log forwarder the same
-  way. Both are sync: an async twin runs them in a thread (:func:`prefect_tasks.jobs.async_twin`).
+The run goes away when Prefect's thread-pool task runner shuts down (a flow timeout, a flow that
+failed or returned, SIGTERM to the flow process), when the flow's own timeout passes, or when the
+flow run (or a parent) is cancelled through the API. The waiting itself, the logs and the
+transient-error budget are the watch's.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from core.follow import DRAIN_TIMEOUT, END, LogFollower
-from core.polling import status_poller
-from core.runner import Runner
-from core.silence import SilenceWatch
-from core.specs import AppHandle, AppStatus
-from prefect_tasks.jobs import (
-    JobCancelledError,
-    cancel_quietly,
-    interrupted,
-    is_interrupt,
-    untrack,
-)
+from prefect_tasks.jobs import interrupted
 
 log = logging.getLogger(__name__)
-
-#: longest uninterrupted sleep while waiting: bounds how late an injected exception (Prefect's
-#: timeout in a worker thread), a set cancel event or an interrupted async twin is noticed
-_NAP = 0.2
-#: how long a finished job's log forwarder gets to deliver its last lines
-LOG_DRAIN_TIMEOUT = DRAIN_TIMEOUT
-
-
-# --------------------------------------------------------------------------------------------
-# noticing that the run goes away
-# --------------------------------------------------------------------------------------------
 
 
 def _flow_deadline(fctx: Any) -> tuple[float, float] | None:
@@ -165,146 +134,3 @@ class CancelWatch:
             if state is not None and (state.is_cancelling() or state.is_final()):
                 return f"flow run {run.name!r} is {state.name}"
         return None
-
-
-# --------------------------------------------------------------------------------------------
-# logs
-# --------------------------------------------------------------------------------------------
-
-
-class LogForwarder:
-    """Sends a job's log lines to ``emit("role/k line")``, one call per line, as they arrive.
-
-    Thin over :class:`core.follow.LogFollower` (which waits for a queued job's replicas and
-    follows every replica, or those of ``role`` / ``replica``, until the job is final), in the
-    follower's thread. Keeps the last ``keep`` lines in :attr:`lines`; an error reading the
-    logs is kept in :attr:`error`.
-    """
-
-    def __init__(
-        self,
-        runner: Runner,
-        handle: AppHandle,
-        emit: Callable[[str], None],
-        *,
-        role: str | None = None,
-        replica: int | None = None,
-        regex: str | None = None,
-        should_tail: bool = True,
-        keep: int = 0,
-        silence: SilenceWatch | None = None,
-    ) -> None:
-        self.handle = handle
-        self.emit = emit
-        self.silence = silence
-        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
-        self._follower = LogFollower(
-            handle,
-            self._take,
-            runner_factory=lambda: runner,
-            close_runner=False,
-            role=role,
-            replica=replica,
-            regex=regex,
-            should_tail=should_tail,
-        )
-
-    def _take(self, item: Any) -> None:
-        if item is END or self._follower.stopped:
-            return
-        text = str(item[1])
-        self.emit(text)
-        self.lines.append(text)
-        if self.silence is not None:
-            self.silence.saw(item[1])
-
-    @property
-    def error(self) -> BaseException | None:
-        """Why reading the logs failed, if it did."""
-        return self._follower.error
-
-    def start(self) -> None:
-        """Starts following."""
-        self._follower.start()
-
-    def is_alive(self) -> bool:
-        """Whether it still follows."""
-        return self._follower.is_alive()
-
-    def join(self, timeout: float | None = None) -> None:
-        """Waits up to ``timeout`` seconds for the last line."""
-        self._follower.join(timeout)
-
-    def cancel(self) -> None:
-        """Stops at once (no more lines are emitted)."""
-        self._follower.stop()
-
-
-# --------------------------------------------------------------------------------------------
-# waiting
-# --------------------------------------------------------------------------------------------
-
-
-def wait(
-    runner: Runner,
-    handle: AppHandle,
-    *,
-    timeout: float | None,
-    poll_interval: float,
-    watch: CancelWatch,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    cancel_on_timeout: bool = True,
-    silence: SilenceWatch | None = None,
-) -> AppStatus | None:
-    """Follows ``handle`` (through :func:`core.polling.status_poller`) until it is final;
-    returns its status (None if the app is unknown).
-
-    Interrupted (see :func:`~prefect_tasks.jobs.is_interrupt`) or told to stop by ``watch``, it
-    cancels the job and raises. Transient errors reading the status are retried (logged) within
-    the retry budget of :mod:`core.transient`; past it, or for another error, the wait fails and
-    leaves the job alone, so that a retry can pick it up again.
-
-    Raises:
-        TimeoutError: after ``timeout`` seconds (the job is cancelled if ``cancel_on_timeout``).
-        JobCancelledError: when ``watch`` says the run is going away (the job is cancelled).
-        core.silence.JobSilentError: replicas printed nothing for ``silence.max_silence``
-            seconds (the job is cancelled; the message names them, with their last lines).
-    """
-    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
-    try:
-        with status_poller().watch(handle, poll_interval, logger, runner) as polled:
-            while True:
-                read, status = polled.next(_NAP)
-                if read and (status is None or status.is_terminal()):
-                    untrack(handle)
-                    return status
-                if time.monotonic() >= deadline:
-                    if not cancel_on_timeout:
-                        raise TimeoutError(f"app {handle} still running after {timeout}s")
-                    cancel_quietly(runner, handle, logger, f"wait timeout of {timeout}s")
-                    raise TimeoutError(f"app {handle} still running after {timeout}s; cancelled it")
-                reason = watch.reason()
-                if reason:
-                    cancel_quietly(runner, handle, logger, reason)
-                    raise JobCancelledError(handle, reason)
-                hang = silence.hang(handle, status) if read and silence is not None else None
-                if hang is not None:
-                    cancel_quietly(runner, handle, logger, "max_silence")
-                    raise hang
-    except BaseException as e:
-        if is_interrupt(e):
-            cancel_quietly(runner, handle, logger, f"interrupted: {e!r}")
-        raise
-
-
-def follow(forwarder: LogForwarder, watch: CancelWatch, timeout: float | None) -> str | None:
-    """Waits for ``forwarder`` to finish in short naps; returns why it stopped early, if it did."""
-    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
-    while forwarder.is_alive():
-        reason = watch.reason()
-        if reason:
-            return reason
-        if time.monotonic() >= deadline:
-            return f"timeout of {timeout}s"
-        forwarder.join(_NAP)
-    return None

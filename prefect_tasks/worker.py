@@ -13,16 +13,17 @@ pool (``job_variables``).
 
 * The job is submitted with an idempotency key made of the flow run and the scheduled state the
   worker picked up, so a retried submission re-attaches to the job it already started.
-* The flow run's ``infrastructure_pid`` is the job's app handle. All the jobs a worker follows are
-  polled together (one backend call per scheduler per poll, one API call for their flow runs).
+* The flow run's ``infrastructure_pid`` is the job's app handle. Each job is followed by a
+  :class:`core.watch.JobWatch` (its async face, on the worker's event loop); all the jobs of the
+  process are polled together by its status poller (one backend call per scheduler per poll),
+  and the flow runs being cancelled are read with one API call per poll.
 * A job that fails or is cancelled outside Prefect marks its run Crashed or Cancelled; a run
   cancelled in Prefect has its job cancelled (:meth:`ShipyardWorker.kill_infrastructure`).
 * A worker that starts follows again the runs of its pool that carry its name and are not final.
-* The job's output goes to the worker's log, one record per line, each line once: a
-  :class:`~core.follow.LogFollower` reads it once the job runs, and the position reached (a
-  :class:`~core.follow.LogCursor`) is checkpointed in a small file per flow run
-  (:class:`OutputCheckpoints`), so a worker restarted under its name resumes after the last line
-  it forwarded.
+* The job's output goes to the worker's log, one record per line, each line once: the job's
+  watch reads it once the job runs, and the position reached (a :class:`~core.watch.LogCursor`)
+  is checkpointed in a small file per flow run (:class:`OutputCheckpoints`), so a worker
+  restarted under its name resumes after the last line it forwarded.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import shlex
 import sys
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,7 +64,8 @@ from prefect.workers.base import (
 from pydantic import Field
 
 from core.clusters import get_cluster
-from core.runner import Runner
+from core.errors import BackendUnavailableError
+from core.runner import Runner, Submission
 from core.schedulers import get_scheduler_factories
 from core.specs import (
     AppDef,
@@ -75,8 +77,9 @@ from core.specs import (
     parse_app_handle,
     parse_mounts,
 )
+from core.watch import JobWatch
 from prefect_tasks.blocks import Backend, ShipyardBackend, resolve_backend
-from prefect_tasks.worker_output import JobOutput, OutputCheckpoints
+from prefect_tasks.worker_output import OutputCheckpoints
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -300,14 +303,13 @@ def exit_code(status: AppStatus | None) -> int:
 
 @dataclass
 class _Tracked:
-    """A job the worker follows until it ends."""
+    """A job the worker follows until it ends (``done``: its watch)."""
 
     handle: AppHandle
     flow_run_id: uuid.UUID
     runner: Runner
-    done: asyncio.Future[AppStatus | None]
+    done: asyncio.Task[AppStatus | None]
     cancel_requested: bool = False
-    output: JobOutput | None = field(default=None, repr=False)
 
 
 class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, ShipyardWorkerResult]):
@@ -347,8 +349,7 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         """Stops following (the jobs keep running: a restarted worker finds them again, and
         forwards their output from the checkpoints)."""
         for tracked in self._tracked.values():
-            if tracked.output is not None:
-                tracked.output.stop()
+            tracked.done.cancel()
         for t in list(self._background):
             t.cancel()
         await super().teardown(*exc_info)
@@ -398,12 +399,16 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         app = flow_run_app(configuration, flow_run, backend.scheduler, backend.cfg)
         key = idempotency_key(flow_run.id, await self._picked_state(flow_run.id))
 
-        def submit() -> AppHandle:
-            return runner.run(app, backend.scheduler, backend.cfg, idempotency_key=key)
+        def submit() -> Submission:
+            return runner.attach_or_submit(app, backend.scheduler, backend.cfg, key=key)
 
-        handle = await anyio.to_thread.run_sync(submit)
+        sub = await anyio.to_thread.run_sync(submit)
+        handle = sub.handle
         self.get_flow_run_logger(flow_run).info(
-            "Shipyard job %s submitted (idempotency key %s)", handle, key
+            "Shipyard job %s %s (idempotency key %s)",
+            handle,
+            f"re-attached to ({sub.state})" if sub.attached else "submitted",
+            key,
         )
         if task_status is not None:
             task_status.started(handle)
@@ -417,19 +422,19 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         handle: AppHandle,
     ) -> ShipyardWorkerResult:
         """Waits for the job to end; a cancelled job cancels its run. Returns its exit code."""
-        loop = asyncio.get_running_loop()
         tracked = self._tracked.get(handle)
         if tracked is None:
-            tracked = _Tracked(handle, flow_run.id, runner, loop.create_future())
-            if configuration.stream_output:
-                tracked.output = JobOutput(
-                    handle, flow_run.id, flow_run.name, runner, self._output_log, self.checkpoints
-                )
+            watching = self._watch(flow_run, configuration, runner, handle)
+            task = asyncio.get_running_loop().create_task(watching)
+            tracked = _Tracked(handle, flow_run.id, runner, task)
             self._tracked[handle] = tracked
             self._intervals[handle] = configuration.poll_interval
-        status = await asyncio.shield(tracked.done)
-        if tracked.output is not None:
-            await tracked.output.finish()
+        try:
+            status = await asyncio.shield(tracked.done)
+        finally:
+            if tracked.done.done():
+                self._tracked.pop(handle, None)
+                self._intervals.pop(handle, None)
         code = exit_code(status)
         state = status.state.name if status else "gone"
         run_logger = self.get_flow_run_logger(flow_run)
@@ -439,6 +444,33 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         if status is None or status.state == AppState.CANCELLED:
             await self._cancel_flow_run(flow_run.id, tracked, f"Shipyard job {handle} {state}")
         return ShipyardWorkerResult(identifier=handle, status_code=code)
+
+    async def _watch(
+        self,
+        flow_run: FlowRun,
+        configuration: ShipyardJobConfiguration,
+        runner: Runner,
+        handle: AppHandle,
+    ) -> AppStatus | None:
+        """Follows the job to its end, its output to the worker's log (``run-name | role/k
+        line``) from the run's checkpoint. A backend that stays unreachable past the retry
+        budget is told in the run's log, and the job followed on: it may well be running."""
+        prefix = flow_run.name
+        output = self._output_log
+        while True:
+            watch = JobWatch(
+                runner,
+                handle,
+                poll_interval=configuration.poll_interval,
+                logger=output,
+                logs=configuration.stream_output,
+                on_line=lambda line: output.info("%s | %s", prefix, line),
+                cursor=self.checkpoints.store(flow_run.id, handle),
+            )
+            try:
+                return (await watch.run_async()).status
+            except BackendUnavailableError as e:
+                self.get_flow_run_logger(flow_run).error("%s (still following the job)", e)
 
     async def _cancel_flow_run(
         self, flow_run_id: uuid.UUID, tracked: _Tracked, message: str
@@ -450,10 +482,10 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
             return
         await self.client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
 
-    # -- following: one poll for every job ---------------------------------------------------
+    # -- cancelling: one poll of the flow runs ------------------------------------------------
 
     async def _poll_loop(self) -> None:
-        """Polls the followed jobs (and their flow runs) every poll interval."""
+        """Cancels the jobs of the followed runs being cancelled, every poll interval."""
         while True:
             interval = min(self._intervals.values(), default=DEFAULT_POLL_INTERVAL)
             await asyncio.sleep(interval)  # the poll period itself
@@ -462,34 +494,15 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
             try:
                 await self.poll_once()
             except Exception:
-                self._output_log.warning("polling Shipyard jobs failed", exc_info=True)
+                self._output_log.warning("polling the flow runs failed", exc_info=True)
 
     async def poll_once(self) -> None:
-        """One round: one status call per runner (one backend call per scheduler and session),
-        one API call for the flow runs (per 200 runs); starts following the output of the jobs
-        that run; ends the jobs of runs being cancelled."""
+        """One round: one API call for the followed jobs' flow runs (per 200 runs); cancels
+        the jobs of the runs being cancelled (their watches then see them end)."""
         tracked = list(self._tracked.values())
-        groups: dict[int, tuple[Runner, list[AppHandle]]] = {}
-        for t in tracked:
-            groups.setdefault(id(t.runner), (t.runner, []))[1].append(t.handle)
-        statuses: dict[AppHandle, AppStatus | None] = {}
-        for runner, handles in groups.values():
-            statuses.update(await anyio.to_thread.run_sync(runner.status_many, handles))
         self.polls += 1
-        self._output_log.debug(
-            "poll %d: %d Shipyard jobs, %d status_many calls", self.polls, len(tracked), len(groups)
-        )
         run_states = await self._flow_run_states([t.flow_run_id for t in tracked])
         for t in tracked:
-            status = statuses.get(t.handle)
-            if status is None or status.is_terminal():
-                self._tracked.pop(t.handle, None)
-                self._intervals.pop(t.handle, None)
-                if not t.done.done():
-                    t.done.set_result(status)
-                continue
-            if t.output is not None and status.state == AppState.RUNNING:
-                t.output.start()
             if run_states.get(t.flow_run_id) == StateType.CANCELLING and not t.cancel_requested:
                 t.cancel_requested = True
                 self._output_log.info(

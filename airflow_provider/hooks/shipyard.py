@@ -35,7 +35,7 @@ from airflow_provider.connection_form import UI_FIELD_BEHAVIOUR
 from core.clusters import ClusterConfig, Secret, register_cluster
 from core.runner import Runner, get_runner
 from core.schedulers import SchedulerFactory, get_scheduler_factories
-from core.schedulers.docker.engine import DockerEngine
+from core.schedulers.docker_scheduler import DockerEngine
 
 __all__ = [
     "ShipyardHook",

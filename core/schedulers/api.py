@@ -28,7 +28,6 @@ from core.specs import (
 
 __all__ = [
     "DescribeAppResponse",
-    "IDEMPOTENCY_KEY",
     "ListAppResponse",
     "Scheduler",
     "Stream",
@@ -36,11 +35,6 @@ __all__ = [
     "split_lines",
     "split_lines_iterator",
 ]
-
-#: ``AppDef.metadata`` key under which a caller's idempotency key travels to the scheduler.
-#: Schedulers store it with the app (state file, container label, Slurm comment) so that
-#: :meth:`Scheduler.find_by_idempotency_key` can find the app again from another process.
-IDEMPOTENCY_KEY = "shipyard.idempotency_key"
 
 
 class Stream(StrEnum):
@@ -105,15 +99,22 @@ class Scheduler(abc.ABC, Generic[T]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def submit(self, app: AppDef, cfg: Cfg | None, workspace: str | None = None) -> str:
-        """Submits ``app`` and returns its app id.
+    def submit(
+        self,
+        app: AppDef,
+        cfg: Cfg | None,
+        workspace: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Submits ``app`` and returns its app id (once per ``idempotency_key``, see
+        :meth:`schedule`).
 
         Mostly used for tests: users should prefer :class:`core.runner.Runner`.
         """
         resolved = self.resolve_cfg(cfg)
         if workspace:
             app = self.apply_workspace(app, workspace, resolved)
-        dryrun_info = self.submit_dryrun(app, resolved)
+        dryrun_info = self.submit_dryrun(app, resolved, idempotency_key)
         return self.schedule(dryrun_info)
 
     def apply_workspace(self, app: AppDef, workspace: str, cfg: Mapping[str, CfgVal]) -> AppDef:
@@ -148,18 +149,27 @@ class Scheduler(abc.ABC, Generic[T]):
     def schedule(self, dryrun_info: AppDryRunInfo[T]) -> str:
         """Same as :meth:`submit` but takes the request from :meth:`submit_dryrun`.
 
-        Exactly once: when the app carries an idempotency key (``app.metadata`` under
-        :data:`IDEMPOTENCY_KEY`), the scheduler claims the key atomically in the backend before
+        Exactly once: when the request carries an idempotency key
+        (:attr:`AppDryRunInfo.idempotency_key`), the scheduler claims the key atomically in the backend before
         any replica's command can run. If another submission (any thread, process or host)
         already holds the key, nothing is started and the id of that submission's app is
         returned instead, so racing submitters all get the same app.
         """
 
-    def submit_dryrun(self, app: AppDef, cfg: Cfg | None) -> AppDryRunInfo[T]:
-        """Returns the request that would be submitted, without submitting it.
+    def submit_dryrun(
+        self, app: AppDef, cfg: Cfg | None, idempotency_key: str | None = None
+    ) -> AppDryRunInfo[T]:
+        """Returns the request that would be submitted, without submitting it; with
+        ``idempotency_key``, one that claims the key when scheduled (see :meth:`schedule`).
 
         The app and cfg are validated first; errors name the bad field.
         """
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key
+        ):
+            raise ValueError(
+                f"idempotency_key: expected a non-empty string, got {idempotency_key!r}"
+            )
         resolved = self.resolve_cfg(cfg)
         validate_app(app)
         self._validate(app, self.backend, resolved)
@@ -169,7 +179,15 @@ class Scheduler(abc.ABC, Generic[T]):
         dryrun_info.app = app
         dryrun_info.cfg = resolved
         dryrun_info.scheduler = self.backend
+        if idempotency_key:
+            dryrun_info.idempotency_key = idempotency_key
+            self._keep_idempotency_key(dryrun_info, idempotency_key)
         return dryrun_info
+
+    def _keep_idempotency_key(self, dryrun_info: AppDryRunInfo[T], key: str) -> None:
+        """Puts ``key`` into the request where the backend keeps it with the job (a
+        container label, a Slurm comment), so :meth:`find_by_idempotency_key` finds the job
+        from any process. By default nothing: :meth:`schedule` claims it."""
 
     @abc.abstractmethod
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[T]: ...
@@ -208,7 +226,7 @@ class Scheduler(abc.ABC, Generic[T]):
     def find_by_idempotency_key(
         self, key: str, cfg: Mapping[str, CfgVal] | None = None
     ) -> str | None:
-        """The id of the app submitted with ``key`` (see :data:`IDEMPOTENCY_KEY`), or None.
+        """The id of the app submitted with ``key`` (see :meth:`schedule`), or None.
 
         ``cfg`` is the run configuration the app was submitted with, for backends where it
         says where to look (the ``slurm`` scheduler's ``cluster``). Backends that can find apps

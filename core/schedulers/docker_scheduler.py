@@ -10,6 +10,7 @@ from core.schedulers.docker import (
     create_scheduler,
     has_docker,
 )
+from core.schedulers.docker.engine import connect
 from core.schedulers.docker.model import (
     CANCELLED_SUFFIX,
     LABEL_APP_ID,
@@ -31,6 +32,7 @@ __all__ = [
     "DockerJob",
     "DockerOpts",
     "DockerScheduler",
+    "connect",
     "create_scheduler",
     "has_docker",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_provider._common import idempotency_key
+from core.runner import attempt_key
 from core.specs import AppState
 from tests.airflow_provider.airflow_env import REPO
 from tests.airflow_provider.helpers import wait_until
@@ -229,6 +230,6 @@ def test_retry_after_worker_crash_reattaches_to_the_same_job(
     assert "Reconnecting to existing job" in log or "Job already completed successfully" in log
     assert "crash/0 finished" in log
     # one job in the backend, not two
-    assert runner.find("local_cwd", key + ":try2") is None
+    assert runner.find("local_cwd", attempt_key(key, 2)) is None
     assert "submitted local_cwd://" not in log
     assert runner.status(handle).state == AppState.SUCCEEDED

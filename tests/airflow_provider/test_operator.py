@@ -18,6 +18,7 @@ from airflow_provider.operators import (
     ShipyardOperator,
 )
 from airflow_provider.triggers import ShipyardJobTrigger
+from core.runner import attempt_key
 from core.specs import AppDef, AppState, Role, parse_app_handle
 from tests.airflow_provider.helpers import StateStoreStub, TaskInstanceStub, context, wait_until
 
@@ -234,7 +235,9 @@ def test_retry_reattaches_when_the_worker_died_after_submitting(runner: Any) -> 
     )
     assert second.execute(context(ti2, StateStoreStub())) == handle
     assert ti2.xcoms["state"] == "SUCCEEDED"
-    assert runner.find("local_cwd", key_of(ti1) + ":try2") is None  # nothing new was submitted
+    assert (
+        runner.find("local_cwd", attempt_key(key_of(ti1), 2)) is None
+    )  # nothing new was submitted
 
 
 def test_retry_reattaches_through_the_task_state_store(runner: Any) -> None:
@@ -260,7 +263,7 @@ def test_retry_takes_the_result_of_a_job_that_already_succeeded(runner: Any) -> 
     op = ShipyardOperator(task_id="job", app=sh("fast", "echo fast"))
     assert op.execute(context(ti2, store)) == handle
     assert ti2.xcoms["state"] == "SUCCEEDED"
-    assert runner.find("local_cwd", key_of(ti1) + ":try2") is None
+    assert runner.find("local_cwd", attempt_key(key_of(ti1), 2)) is None
 
 
 def test_retry_after_a_failed_job_submits_a_new_one(runner: Any) -> None:
@@ -275,7 +278,7 @@ def test_retry_after_a_failed_job_submits_a_new_one(runner: Any) -> None:
     op2 = ShipyardOperator(task_id="job", app=sh("flaky", "exit 0"), poll_interval=0.2)
     handle = op2.execute(context(ti2, store))
     assert handle != failed
-    assert runner.find("local_cwd", key_of(ti1) + ":try2") == handle
+    assert runner.find("local_cwd", attempt_key(key_of(ti1), 2)) == handle
     assert store[ShipyardOperator.external_id_key] == handle
 
 

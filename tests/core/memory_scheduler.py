@@ -1,35 +1,55 @@
 """A small in-memory scheduler: a third-party backend written against the public API.
 
-It exists to test the Scheduler base class, discovery and the Runner's own logic; the real
+It exists to test the Scheduler base class, discovery, the Runner's own logic and the watch
+(:mod:`core.watch`) without services: a test sets each app's state (:meth:`finish`), adds log
+lines as the app "prints" them (:meth:`emit`), and scripts failures of the backend
+(:attr:`MemoryScheduler.failures`: the next status calls raise them, in order). The real
 backends are tested against real processes, Docker and Slurm.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
 from core.schedulers.api import (
-    IDEMPOTENCY_KEY,
     DescribeAppResponse,
     ListAppResponse,
     Scheduler,
     Stream,
     check_stream,
     filter_regex,
-    split_lines,
 )
-from core.specs import AppDef, AppDryRunInfo, AppState, CfgVal, ReplicaStatus, RoleStatus, runopts
+from core.specs import (
+    AppDef,
+    AppDryRunInfo,
+    AppState,
+    CfgVal,
+    ReplicaStatus,
+    RoleStatus,
+    is_terminal,
+    runopts,
+)
 
 _ids = itertools.count()
+#: guards every app's state and lines; notified at each change (tails wait on it)
+_changed = threading.Condition()
 
 
 class MemoryScheduler(Scheduler[dict[str, Any]]):
-    """Apps "run" instantly; their state is set by the test through ``finish``."""
+    """Apps "run" at once; the test sets their state (:meth:`finish`) and lines (:meth:`emit`).
+
+    Class-level state is the "backend": every instance (of any runner) sees the same apps.
+    """
 
     apps: dict[str, dict[str, Any]] = {}
+    #: what the next status calls (describe, describe_many) raise, one each, in order
+    failures: list[BaseException] = []
+    #: status calls answered or failed so far (a batch counts once)
+    status_calls = 0
 
     def __init__(self, session_name: str, **kwargs: Any) -> None:
         super().__init__("memory", session_name)
@@ -50,31 +70,58 @@ class MemoryScheduler(Scheduler[dict[str, Any]]):
 
     def schedule(self, dryrun_info: AppDryRunInfo[dict[str, Any]]) -> str:
         app: AppDef = dryrun_info.request["app"]
-        app_id = f"{app.name}-{next(_ids)}"
-        greeting = dryrun_info.request["cfg"]["greeting"]
-        self.apps[app_id] = {
-            "app": app,
-            "state": AppState.RUNNING,
-            "key": app.metadata.get(IDEMPOTENCY_KEY),
-            "logs": {
-                (r.name, k): f"{greeting} from {r.name}/{k}\nsecond line\n"
-                for r in app.roles
-                for k in range(r.num_replicas)
-            },
-        }
+        key = dryrun_info.idempotency_key
+        with _changed:
+            holder = self.find_by_idempotency_key(key) if key else None
+            if holder is not None:
+                return holder
+            app_id = f"{app.name}-{next(_ids)}"
+            greeting = dryrun_info.request["cfg"]["greeting"]
+            self.apps[app_id] = {
+                "app": app,
+                "state": AppState.RUNNING,
+                "key": key,
+                "logs": {
+                    (r.name, k): [f"{greeting} from {r.name}/{k}\n", "second line\n"]
+                    for r in app.roles
+                    for k in range(r.num_replicas)
+                },
+            }
+            _changed.notify_all()
         return app_id
 
-    def finish(self, app_id: str, state: AppState) -> None:
-        self.apps[app_id]["state"] = state
+    @classmethod
+    def finish(cls, app_id: str, state: AppState) -> None:
+        """Sets the app's state (every replica's too)."""
+        with _changed:
+            cls.apps[app_id]["state"] = state
+            _changed.notify_all()
+
+    @classmethod
+    def emit(cls, app_id: str, role: str, k: int, line: str) -> None:
+        """Replica ``k`` of ``role`` prints ``line``."""
+        with _changed:
+            cls.apps[app_id]["logs"][(role, k)].append(line if line.endswith("\n") else line + "\n")
+            _changed.notify_all()
+
+    @classmethod
+    def _status_call(cls) -> None:
+        cls.status_calls += 1
+        if cls.failures:
+            raise cls.failures.pop(0)
 
     def describe(self, app_id: str) -> DescribeAppResponse | None:
         self.describe_calls += 1
+        self._status_call()
+        return self._describe(app_id)
+
+    def _describe(self, app_id: str) -> DescribeAppResponse | None:
         rec = self.apps.get(app_id)
         if rec is None:
             return None
         app: AppDef = rec["app"]
         state = rec["state"]
-        code = None if state == AppState.RUNNING else (0 if state == AppState.SUCCEEDED else 1)
+        code = None if not is_terminal(state) else (0 if state == AppState.SUCCEEDED else 1)
         return DescribeAppResponse(
             app_id=app_id,
             state=state,
@@ -93,9 +140,9 @@ class MemoryScheduler(Scheduler[dict[str, Any]]):
         )
 
     def describe_many(self, app_ids: Iterable[str]) -> dict[str, DescribeAppResponse | None]:
-        ids = list(app_ids)
-        self.describe_calls -= len(ids) - 1  # one "backend call" for the batch
-        return {i: self.describe(i) for i in ids}
+        self.describe_calls += 1  # one "backend call" for the batch
+        self._status_call()
+        return {i: self._describe(i) for i in app_ids}
 
     def list(self) -> list[ListAppResponse]:
         return [ListAppResponse(app_id=i, state=r["state"]) for i, r in self.apps.items()]
@@ -116,10 +163,25 @@ class MemoryScheduler(Scheduler[dict[str, Any]]):
         streams: Stream | None = None,
     ) -> Iterable[str]:
         check_stream(streams, [Stream.COMBINED])
-        return filter_regex(regex, split_lines(self.apps[app_id]["logs"][(role_name, k)]))
+        return filter_regex(regex, self._lines(app_id, (role_name, k), should_tail))
+
+    def _lines(self, app_id: str, replica: tuple[str, int], tail: bool) -> Iterator[str]:
+        """The replica's lines; with ``tail``, as they come until the app ended."""
+        i = 0
+        while True:
+            with _changed:
+                rec = self.apps[app_id]
+                lines = rec["logs"][replica]
+                while tail and i >= len(lines) and not is_terminal(rec["state"]):
+                    _changed.wait(1.0)
+                new, ended = lines[i:], not tail or is_terminal(rec["state"])
+            i += len(new)
+            yield from new
+            if ended and i >= len(self.apps[app_id]["logs"][replica]):
+                return
 
     def _cancel_existing(self, app_id: str) -> None:
-        self.apps[app_id]["state"] = AppState.CANCELLED
+        self.finish(app_id, AppState.CANCELLED)
 
     def close(self) -> None:
         self.closed += 1

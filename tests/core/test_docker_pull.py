@@ -22,7 +22,6 @@ import pytest
 
 from core.reports import Problem
 from core.runner import get_runner
-from core.schedulers.api import IDEMPOTENCY_KEY
 from core.schedulers.docker_scheduler import LABEL_SESSION, DockerEngine, DockerScheduler
 from core.specs import AppDef, AppState, Role
 from tests.core.test_docker_scheduler import IMAGE, wait_terminal
@@ -193,11 +192,11 @@ def test_a_refused_pull_fails_clearly_before_anything_starts(
             Role("ok", image=local, entrypoint="sleep", args=["30"], num_replicas=2),
             Role("r", image=remote_image, entrypoint="true"),
         ],
-        metadata={IDEMPOTENCY_KEY: f"pull-{uuid.uuid4().hex}"},  # (its claim comes after pulls)
     )
+    key = f"pull-{uuid.uuid4().hex}"  # (its claim comes after pulls)
     try:
         with pytest.raises(ValueError) as info:
-            sched.submit(app, {"pull": "always"})
+            sched.submit(app, {"pull": "always"}, idempotency_key=key)
         msg = str(info.value)
         assert msg.startswith(f"roles[1].image: pulling '{remote_image}' from {REGISTRY} failed: ")
         assert ("no basic auth credentials" if credentials == "none" else "unauthorized") in msg

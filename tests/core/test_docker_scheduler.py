@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from core.runner import get_runner
-from core.schedulers.api import IDEMPOTENCY_KEY, DescribeAppResponse, Stream
+from core.schedulers.api import DescribeAppResponse, Stream
 from core.schedulers.docker_scheduler import (
     LABEL_APP_ID,
     LABEL_SESSION,
@@ -176,10 +176,11 @@ def test_dryrun_builds_one_container_per_replica(tmp_path: Path) -> None:
                 ),
                 Role("ps", image=IMAGE, entrypoint="sleep", args=["1"]),
             ],
-            metadata={IDEMPOTENCY_KEY: "my-key"},
         )
         info = sched.submit_dryrun(
-            app, {"copy_env": ["SHIPYARD_TEST_*"], "env": "CFG_A:1;SHIPYARD_TEST_COPY_ME:cfg"}
+            app,
+            {"copy_env": ["SHIPYARD_TEST_*"], "env": "CFG_A:1;SHIPYARD_TEST_COPY_ME:cfg"},
+            idempotency_key="my-key",
         )
     finally:
         del os.environ["SHIPYARD_TEST_COPY_ME"], os.environ["SHIPYARD_TEST_OVERRIDE"]
@@ -562,8 +563,7 @@ def test_records_of_a_retired_app_expire_after_its_record_retention(
 
     def cancelled(cfg: dict[str, Any]) -> tuple[str, str]:
         key = f"expire-{uuid.uuid4().hex}"
-        app = AppDef("expire", [sh("r", "sleep 60")], metadata={IDEMPOTENCY_KEY: key})
-        app_id = sched.submit(app, cfg)
+        app_id = sched.submit(AppDef("expire", [sh("r", "sleep 60")]), cfg, idempotency_key=key)
         sched.cancel(app_id)
         return app_id, key
 
@@ -710,7 +710,7 @@ def test_failed_submit_leaves_no_container_or_network(
 
 def test_describe_many_list_and_idempotency_key(sched: DockerScheduler) -> None:
     key = f"key-{uuid.uuid4().hex}"
-    a = sched.submit(AppDef("a", [sh("r", "sleep 30")], metadata={IDEMPOTENCY_KEY: key}), {})
+    a = sched.submit(AppDef("a", [sh("r", "sleep 30")]), {}, idempotency_key=key)
     b = sched.submit(AppDef("b", [sh("r", "exit 0", num_replicas=2)]), {})
     assert wait_terminal(sched, b).state == AppState.SUCCEEDED
 

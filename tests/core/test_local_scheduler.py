@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from core.schedulers import get_scheduler_factories
-from core.schedulers.api import IDEMPOTENCY_KEY, Stream
+from core.schedulers.api import Stream
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.supervise import final_state, identities, observe, settle
 from core.schedulers.local_scheduler import (
@@ -371,8 +371,8 @@ def test_unknown_app(sched: LocalScheduler) -> None:
 
 
 def test_list_and_idempotency_key(sched: LocalScheduler) -> None:
-    a = sched.submit(AppDef("lst", [sh("true")], {IDEMPOTENCY_KEY: "key-1"}), {})
-    b = sched.submit(AppDef("lst", [sh("sleep 30")], {IDEMPOTENCY_KEY: "key-2"}), {})
+    a = sched.submit(AppDef("lst", [sh("true")]), {}, idempotency_key="key-1")
+    b = sched.submit(AppDef("lst", [sh("sleep 30")]), {}, idempotency_key="key-2")
     try:
         ids = [r.app_id for r in sched.list()]
         assert ids.index(b) < ids.index(a)

@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from core import runner as runner_mod
-from core.runner import AppFailedError, LogLine, Runner, get_runner
-from core.schedulers.api import IDEMPOTENCY_KEY
+from core.runner import AppFailedError, Runner, get_runner
 from core.specs import AppDef, AppState, MalformedAppHandleException, Role
+from core.watch import LogLine
 from tests.core.memory_scheduler import MemoryScheduler, create_scheduler
 
 
@@ -94,10 +94,7 @@ def test_idempotency_key_reattaches_instead_of_submitting_twice(runner: Runner) 
     assert again == first and len(MemoryScheduler.apps) == n
     other = runner.run(_app(), "memory", idempotency_key="dag:run:task:1")
     assert other != first
-    assert (
-        MemoryScheduler.apps[first.rsplit("/", 1)[1]]["app"].metadata[IDEMPOTENCY_KEY]
-        == "dag:run:task:0"
-    )
+    assert MemoryScheduler.apps[first.rsplit("/", 1)[1]]["key"] == "dag:run:task:0"
     assert runner.find("memory", "never-used") is None
 
 
@@ -157,3 +154,38 @@ def test_get_runner_session_from_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert get_runner("explicit").session_name == "explicit"
     monkeypatch.delenv("SHIPYARD_SESSION")
     assert get_runner().session_name == "shipyard"
+
+
+def test_attach_or_submit_runs_once_per_attempt(runner: Runner) -> None:
+    first = runner.attach_or_submit(_app(1), "memory", key="k")
+    assert not first.attached and first.key == "k" and first.state == "SUBMITTED"
+    # the same attempt again (a crash after submitting): its own job, whatever its state
+    _sched(runner).finish(first.handle.rsplit("/", 1)[1], AppState.FAILED)
+    again = runner.attach_or_submit(_app(1), "memory", key="k")
+    assert again.attached and again.handle == first.handle and again.state == "FAILED"
+    # the next attempt: the earlier one failed, so it runs again, under its own key
+    second = runner.attach_or_submit(_app(1), "memory", key="k", attempt=2)
+    assert not second.attached and second.key == "k:2" and second.handle != first.handle
+    # a later attempt finds the newest earlier job: still running, so it is followed
+    third = runner.attach_or_submit(_app(1), "memory", key="k", attempt=4)
+    assert third.attached and third.handle == second.handle and third.state == "RUNNING"
+    assert runner.find_latest("memory", "k", 4) == (second.handle, 2)
+    # ... and one that succeeded is not run again
+    _sched(runner).finish(second.handle.rsplit("/", 1)[1], AppState.SUCCEEDED)
+    assert runner.attach_or_submit(_app(1), "memory", key="k", attempt=5).handle == second.handle
+    _sched(runner).finish(second.handle.rsplit("/", 1)[1], AppState.CANCELLED)
+    fifth = runner.attach_or_submit(_app(1), "memory", key="k", attempt=5)
+    assert not fifth.attached and fifth.key == "k:5"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"key": ""}, "key"),
+        ({"key": "k", "attempt": 0}, "attempt"),
+        ({"key": "k", "attempt": True}, "attempt"),
+    ],
+)
+def test_attach_or_submit_bad_input(runner: Runner, kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}: expected"):
+        runner.attach_or_submit(_app(1), "memory", **kwargs)  # type: ignore[arg-type]

@@ -28,10 +28,9 @@ import pytest
 
 from core.clusters import ClusterConfig, ClusterError, Secret, load_clusters, register_cluster
 from core.runner import get_runner
-from core.schedulers.api import IDEMPOTENCY_KEY
 from core.schedulers.slurm_scheduler import SlurmScheduler
 from core.specs import AppDef, AppState, Role
-from core.transient import BackendUnavailable
+from core.transient import BackendUnavailableError
 from tests.core.slurm_clusters import (
     REMOTE_USER,
     TRANSPORTS,
@@ -231,7 +230,7 @@ def test_bad_settings_are_one_line_errors_before_anything_is_queued(
     app = AppDef("bad", [Role("w", entrypoint="/bin/true")])
     # a host that cannot be reached may be up again later (the CLI exits 75); the rest are
     # bad settings (ValueError, exit 2)
-    expected = BackendUnavailable if case == "unreachable host" else ClusterError
+    expected = BackendUnavailableError if case == "unreachable host" else ClusterError
     with get_runner("bad") as runner, pytest.raises(expected) as err:
         runner.run(app, "slurm", {"cluster": settings["name"]})
     message = str(err.value)
@@ -370,10 +369,9 @@ def test_racing_submitters_with_one_key_start_one_job(cluster: Cluster, tmp_path
 def test_a_held_job_of_a_crashed_submitter_is_finished_by_the_retry(cluster: Cluster) -> None:
     # a submitter that died between queueing its held job and releasing it
     key = f"crashed-{uuid.uuid4().hex}"
-    app = AppDef("held", [Role("w", entrypoint="/bin/echo", args=["done"])],
-                 metadata={IDEMPOTENCY_KEY: key})  # fmt: skip
+    app = AppDef("held", [Role("w", entrypoint="/bin/echo", args=["done"])])
     sched = cluster.sched
-    req = sched.submit_dryrun(app, cluster.cfg()).request
+    req = sched.submit_dryrun(app, cluster.cfg(), idempotency_key=key).request
     client = sched.client(cluster.name)
     orphan = client.submit(req, req.job_dir or sched.default_dir(cluster.name), hold=True)
     orphan_id = f"{cluster.name}:{orphan}" if cluster.name else orphan

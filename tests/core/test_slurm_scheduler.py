@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from core.runner import Runner, get_runner
-from core.schedulers.api import IDEMPOTENCY_KEY, Stream
+from core.schedulers.api import Stream
 from core.schedulers.slurm import jobinfo, logs
 from core.schedulers.slurm.transport import LocalFiles, LocalShell
 from core.schedulers.slurm_scheduler import (
@@ -213,9 +213,10 @@ def test_dryrun_script_snapshot_retries_key_and_nomem() -> None:
                 resource=Resource(cpu=1, gpu=0, memMB=2048),
             )
         ],
-        metadata={IDEMPOTENCY_KEY: "run 42/attempt"},
     )
-    info = s.submit_dryrun(app, {"partition": "tiny", "comment": "mine"})
+    info = s.submit_dryrun(
+        app, {"partition": "tiny", "comment": "mine"}, idempotency_key="run 42/attempt"
+    )
     text = str(info)
     _snapshot("slurm_retries.sh", text)
     assert "--mem" not in text  # the partition's RealMemory is under 1 GB
@@ -760,9 +761,8 @@ def test_idempotency_key_found_from_another_instance(cluster: Cluster) -> None:
     app = AppDef(
         "idem",
         [Role("w", entrypoint="/bin/true")],
-        metadata={IDEMPOTENCY_KEY: key},
     )
-    job_id = cluster.submit(app, {"comment": "user comment"})
+    job_id = cluster.submit(app, {"comment": "user comment"}, idempotency_key=key)
     other = create_scheduler("other")
     assert other.find_by_idempotency_key(key, cluster.cfg()) == job_id
     assert other.find_by_idempotency_key(key + "-other", cluster.cfg()) is None

@@ -144,10 +144,16 @@ class Run:
         3.3 takes the late exit event of the deferring worker for the resumed try's end and fails
         it ("finished with state success, but the task instance's state attribute is running",
         apache/airflow#72716). Users see this race too; the tests wait it out.
+
+        The scheduler's receipt of the event is what closes the race: in the same pass it either
+        records it ("TaskInstance Finished ... state=deferred") or, when another process holds
+        the task instance's row at that instant (its ``SELECT ... FOR UPDATE SKIP LOCKED``),
+        drops it without a word; either way no late exit event is left to fail the resumed try.
         """
         ti = self.wait_ti(task_id, {"deferred"}, timeout)
         marker = (
-            f"TaskInstance Finished: dag_id={self.dag_id}, task_id={task_id}, run_id={self.run_id},"
+            "Received executor event with state success for task instance TaskInstanceKey("
+            f"dag_id='{self.dag_id}', task_id='{task_id}', run_id='{self.run_id}'"
         )
         wait_until(
             lambda: marker in (HOME / "logs" / "scheduler.out").read_text(errors="replace"),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from core.silence import JobSilentError
+from core.errors import JobSilentError
 from core.specs import AppDef, AppState, Role
 from prefect_tasks import (
     JobResult,

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from core.follow import LogCursor
 from core.runner import Runner, get_runner
 from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role, RoleStatus
+from core.watch import CursorStore, JobWatch, LogCursor
 from prefect_tasks.blocks import ShipyardBackend, resolve_backend
 from prefect_tasks.worker import (
     ROLE,
@@ -30,7 +30,7 @@ from prefect_tasks.worker import (
     flow_run_app,
     idempotency_key,
 )
-from prefect_tasks.worker_output import JobOutput, OutputCheckpoints
+from prefect_tasks.worker_output import OutputCheckpoints
 
 
 def flow_run(name: str = "brave-otter") -> Any:
@@ -126,43 +126,45 @@ def test_backend_block_keeps_the_registry_password_secret() -> None:
 
 
 def test_checkpoints_round_trip_privately_and_atomically(tmp_path: Path) -> None:
-    store = OutputCheckpoints(tmp_path / "state" / "prefect-worker" / "w1")
+    checkpoints = OutputCheckpoints(tmp_path / "state" / "prefect-worker" / "w1")
     run = uuid.uuid4()
-    assert store.load(run, "local_cwd://s/a") == LogCursor()
-    store.save(run, "local_cwd://s/a", LogCursor({f"{ROLE}/0": 7}))
-    assert store.load(run, "local_cwd://s/a") == LogCursor({f"{ROLE}/0": 7})
+    store = checkpoints.store(run, "local_cwd://s/a")
+    assert store.load() == LogCursor()
+    store.save(LogCursor({f"{ROLE}/0": 7}))
+    assert store.load() == LogCursor({f"{ROLE}/0": 7})
     # another job of the run (a retry) does not resume from it
-    assert store.load(run, "local_cwd://s/b") == LogCursor()
-    path = store.path(run)
+    assert checkpoints.store(run, "local_cwd://s/b").load() == LogCursor()
+    path = checkpoints.path(run)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    for d in (store.directory, store.directory.parent, store.directory.parent.parent):
+    top = checkpoints.directory
+    for d in (top, top.parent, top.parent.parent):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
-    assert [p.name for p in store.directory.iterdir()] == [path.name]  # no temporary file left
+    assert [p.name for p in checkpoints.directory.iterdir()] == [path.name]  # no temporary file
     assert json.loads(path.read_text()) == {
         "app_handle": "local_cwd://s/a",
         "cursor": {f"{ROLE}/0": 7},
     }
-    store.remove(run)
+    store.clear()
     assert not path.exists()
-    store.remove(run)  # idempotent
+    store.clear()  # idempotent
 
 
 def test_unreadable_checkpoint_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    store = OutputCheckpoints(tmp_path)
+    checkpoints = OutputCheckpoints(tmp_path)
     run = uuid.uuid4()
     for text in ("{not json", '{"app_handle": "h", "cursor": {"r/0": -1}}', "[]"):
-        store.path(run).write_text(text)
-        assert store.load(run, "h") == LogCursor()
-    assert "ignoring the output checkpoint" in caplog.text
+        checkpoints.path(run).write_text(text)
+        assert checkpoints.store(run, "h").load() == LogCursor()
+    assert "ignoring the log cursor" in caplog.text
 
 
 def test_prune_keeps_the_runs_still_followed(tmp_path: Path) -> None:
-    store = OutputCheckpoints(tmp_path)
+    checkpoints = OutputCheckpoints(tmp_path)
     kept, ended = uuid.uuid4(), uuid.uuid4()
     for run in (kept, ended):
-        store.save(run, "h", LogCursor({"r/0": 1}))
+        checkpoints.store(run, "h").save(LogCursor({"r/0": 1}))
     (tmp_path / f".{ended}.json.123.tmp").write_text("{}")  # a worker killed mid-save
-    removed = store.prune({kept})
+    removed = checkpoints.prune({kept})
     assert sorted(removed) == sorted([f"{ended}.json", f".{ended}.json.123.tmp"])
     assert [p.name for p in tmp_path.iterdir()] == [f"{kept}.json"]
     assert OutputCheckpoints(tmp_path / "missing").prune(set()) == []
@@ -170,15 +172,15 @@ def test_prune_keeps_the_runs_still_followed(tmp_path: Path) -> None:
 
 def test_worker_checkpoints_live_in_the_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHIPYARD_STATE_DIR", "/srv/shipyard")
-    store = OutputCheckpoints.for_worker("gpu worker/1")
-    assert store.directory == Path("/srv/shipyard/prefect-worker/gpu-worker-1")
+    checkpoints = OutputCheckpoints.for_worker("gpu worker/1")
+    assert checkpoints.directory == Path("/srv/shipyard/prefect-worker/gpu-worker-1")
 
 
 # -- forwarding a job's output -----------------------------------------------------------------
 
 
 class Logged(logging.Handler):
-    """The job lines a JobOutput logged (``prefix | role/k text`` -> ``text``)."""
+    """The job lines the worker logged (``prefix | role/k text`` -> ``text``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -215,56 +217,60 @@ def printer(n: int, every: float) -> AppDef:
 async def forward(
     runner: Runner,
     handle: str,
-    run: uuid.UUID,
-    store: OutputCheckpoints,
+    store: CursorStore,
     logger: logging.Logger,
     stop_after: int | None = None,
     handler: Logged | None = None,
-) -> JobOutput:
-    """Forwards the job's output as a worker does: until ``handler`` has ``stop_after`` lines
-    (then the worker stops), or to the job's end."""
-    out = JobOutput(handle, run, "run-1", runner, logger, store)
-    out.start()
-    if stop_after is not None:
-        assert handler is not None
-        while len(handler.lines) < stop_after:
-            await asyncio.sleep(0.02)
-        out.stop()
-        return out
-    await asyncio.to_thread(runner.wait, handle)
-    await out.finish()
-    return out
+) -> None:
+    """Follows the job's output as the worker does (its watch, from the run's checkpoint):
+    until ``handler`` has ``stop_after`` lines (then the worker stops), or to the job's end."""
+    watch = JobWatch(
+        runner,
+        handle,
+        poll_interval=0.2,
+        logs=True,
+        on_line=lambda line: logger.info("%s | %s", "run-1", line),
+        cursor=store,
+    )
+    following = asyncio.ensure_future(watch.run_async())
+    if stop_after is None:
+        await following
+        return
+    assert handler is not None
+    while len(handler.lines) < stop_after:
+        await asyncio.sleep(0.02)
+    following.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await following
 
 
 def test_output_resumes_after_the_checkpoint_each_line_once(
     runner: Runner, output_log: tuple[logging.Logger, Logged], tmp_path: Path
 ) -> None:
     logger, logged = output_log
-    store, run = OutputCheckpoints(tmp_path), uuid.uuid4()
+    checkpoints, run = OutputCheckpoints(tmp_path), uuid.uuid4()
     handle = runner.run(printer(40, 0.05), "local_cwd")
+    store = checkpoints.store(run, handle)
     # a first worker forwards some lines and stops (the job goes on)
-    asyncio.run(forward(runner, handle, run, store, logger, stop_after=5, handler=logged))
+    asyncio.run(forward(runner, handle, store, logger, stop_after=5, handler=logged))
     first = list(logged.lines)
-    saved = store.load(run, handle)
-    assert saved.total == len(first) >= 5
+    assert store.load().total == len(first) >= 5
+    assert runner.status(handle).state == AppState.RUNNING  # type: ignore[union-attr]
     # the next one resumes after them, to the end, and removes the checkpoint
-    asyncio.run(forward(runner, handle, run, store, logger))
+    asyncio.run(forward(runner, handle, store, logger))
     assert logged.lines == [f"line {i}" for i in range(40)]
-    assert not store.path(run).exists()
+    assert not checkpoints.path(run).exists()
 
 
 def test_output_of_a_job_that_ended_unseen_comes_from_its_complete_logs(
     runner: Runner, output_log: tuple[logging.Logger, Logged], tmp_path: Path
 ) -> None:
     logger, logged = output_log
-    store, run = OutputCheckpoints(tmp_path), uuid.uuid4()
+    checkpoints, run = OutputCheckpoints(tmp_path), uuid.uuid4()
     handle = runner.run(printer(12, 0), "local_cwd")
     assert runner.wait(handle).state == AppState.SUCCEEDED  # type: ignore[union-attr]
-    store.save(run, handle, LogCursor({f"{ROLE}/0": 4}))
-
-    async def never_started() -> None:  # the job ended before any poll saw it run
-        await JobOutput(handle, run, "run-1", runner, logger, store).finish()
-
-    asyncio.run(never_started())
+    store = checkpoints.store(run, handle)
+    store.save(LogCursor({f"{ROLE}/0": 4}))
+    asyncio.run(forward(runner, handle, store, logger))  # the job ended before any poll
     assert logged.lines == [f"line {i}" for i in range(4, 12)]
-    assert not store.path(run).exists()
+    assert not checkpoints.path(run).exists()

@@ -19,7 +19,6 @@ from core.reports import (
     RESULT_REPLICAS_OPT,
     result_replicas,
 )
-from core.schedulers.api import IDEMPOTENCY_KEY
 from core.schedulers.docker.model import (
     BACKEND,
     DEFAULT_RECORD_RETENTION,
@@ -27,7 +26,6 @@ from core.schedulers.docker.model import (
     DEFAULT_STOP_TIMEOUT,
     LABEL_APP_ID,
     LABEL_APP_NAME,
-    LABEL_IDEMPOTENCY_KEY,
     LABEL_MAX_RETRIES,
     LABEL_NETWORK,
     LABEL_NUM_REPLICAS,
@@ -47,7 +45,6 @@ from core.schedulers.docker.model import (
     DockerContainer,
     DockerJob,
     container_name,
-    hash_key,
     hostname,
 )
 from core.specs import (
@@ -359,9 +356,6 @@ def _common_labels(
         LABEL_RECORD_RETENTION: str(cfg.get("record_retention")),
         LABEL_SUBMITTED: repr(time.time()),
     }
-    key = app.metadata.get(IDEMPOTENCY_KEY)
-    if key:
-        labels[LABEL_IDEMPOTENCY_KEY] = hash_key(str(key))
     return labels
 
 

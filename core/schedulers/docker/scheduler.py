@@ -13,7 +13,6 @@ from typing import Any
 
 from core.reports import Problem, ReplicaResult
 from core.schedulers.api import (
-    IDEMPOTENCY_KEY,
     DescribeAppResponse,
     ListAppResponse,
     Scheduler,
@@ -27,12 +26,14 @@ from core.schedulers.docker.model import (
     BACKEND,
     LABEL_APP_ID,
     LABEL_DEADLINE,
+    LABEL_IDEMPOTENCY_KEY,
     LABEL_NETWORK,
     LABEL_SESSION,
     TOMBSTONE_PREFIX,
     DockerJob,
     claim_name,
     container_name,
+    hash_key,
     is_cancelling,
 )
 from core.schedulers.docker.usage import POLL_SAMPLES, UsageBook
@@ -123,6 +124,11 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         info._images_to_push = images_to_push
         return info
 
+    def _keep_idempotency_key(self, dryrun_info: AppDryRunInfo[DockerJob], key: str) -> None:
+        """Every container carries the key's hash as a label."""
+        for c in dryrun_info.request.containers:
+            c.kwargs["labels"][LABEL_IDEMPOTENCY_KEY] = hash_key(key)  # type: ignore[index]
+
     def schedule(self, dryrun_info: AppDryRunInfo[DockerJob]) -> str:
         """Creates the app's network and containers and starts them; returns the app id.
 
@@ -140,7 +146,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         deadline = submit.submit_deadline(job)
         for c in job.containers:
             c.kwargs["labels"][LABEL_DEADLINE] = repr(deadline)  # type: ignore[index]
-        key = app.metadata.get(IDEMPOTENCY_KEY) if app is not None else None
+        key = dryrun_info.idempotency_key
         if key:
             winner = submit.claim(api, str(key), job, self.session_name, deadline)
             if winner is not None:

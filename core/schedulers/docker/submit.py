@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from core.errors import ShipyardError
 from core.schedulers.docker.model import (
     BACKEND,
     CANCELLED_SUFFIX,
@@ -49,7 +50,7 @@ _CREATE_KEYS = ("name", "hostname", "environment", "labels", "stop_timeout")
 _GRACE_PER_CONTAINER = 1.0
 
 
-class SubmitError(RuntimeError):
+class SubmitError(ShipyardError, RuntimeError):
     """The engine refused part of a submission; everything it had created was removed."""
 
 

@@ -38,44 +38,25 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from core.errors import ShipyardError
+from core.paths import state_root
 from core.schedulers.local.records import LOST, AppRecord, ExitCode, FinalState
 
-__all__ = ["AppDir", "KeyClaims", "UnsafeStateError", "apps_root", "state_root"]
-
-STATE_DIR_ENV = "SHIPYARD_STATE_DIR"
+__all__ = ["AppDir", "KeyClaims", "UnsafeStateError", "apps_root"]
 
 
-class UnsafeStateError(ValueError):
+class UnsafeStateError(ShipyardError, ValueError):
     """A state directory that another user owns or others can write."""
-
-
-def state_root() -> str:
-    """``$SHIPYARD_STATE_DIR`` else ``$XDG_STATE_HOME/shipyard`` else ``~/.local/state/shipyard``."""
-    env = os.environ
-    return _roots(env.get(STATE_DIR_ENV), env.get("XDG_STATE_HOME"), env.get("HOME"))[0]
 
 
 def apps_root() -> str:
     """The directory holding one directory per local app."""
-    env = os.environ
-    return _roots(env.get(STATE_DIR_ENV), env.get("XDG_STATE_HOME"), env.get("HOME"))[1]
-
-
-# Cached by the variables they depend on (and the working directory, for a relative one):
-# every describe and result read asks (bench row "trivial app: submit -> result").
-def _roots(state: str | None, xdg: str | None, home: str | None) -> tuple[str, str]:
-    given = state or xdg or ""
-    return _roots_in(state, xdg, home, os.getcwd() if given[:1] not in ("/", "") else "")
+    return _apps_root(state_root())
 
 
 @functools.lru_cache(maxsize=16)
-def _roots_in(state: str | None, xdg: str | None, home: str | None, cwd: str) -> tuple[str, str]:
-    root = state
-    if not root:
-        base = xdg or os.path.join(os.path.expanduser("~"), ".local", "state")
-        root = os.path.join(base, "shipyard")
-    root = os.path.normpath(os.path.join(cwd, root))
-    return root, os.path.join(root, "local")
+def _apps_root(root: str) -> str:
+    return os.path.join(root, "local")
 
 
 def check_private(path: str, what: str, st: os.stat_result | None = None) -> None:

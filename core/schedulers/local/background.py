@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.schedulers.local.appdir import AppDir
-from core.schedulers.local.collector import LogDirFull, collect
+from core.schedulers.local.collector import LogDirFullError, collect
 from core.schedulers.local.outcome import OomCounter, peak_rss_kib, record_reaped
 from core.schedulers.local.processes import exited_child
 from core.schedulers.local.supervise import observe
@@ -332,7 +332,7 @@ class Background:
                     del self.collectors[done]
                 self.collectors[app.path] = proc
                 self._q.append(("watch", _Child(proc.pid, popen=proc)))
-        except LogDirFull as e:
+        except LogDirFullError as e:
             log.warning("%s", e.strerror)
         except Exception:
             log.warning("could not collect the logs of %s", app.path, exc_info=True)

@@ -24,12 +24,13 @@ import sys
 import time
 from collections.abc import Sequence
 
+from core.errors import ShipyardError
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.processes import DEFAULT_GRACE, end_leftovers
 from core.schedulers.local.records import AppRecord, ReplicaRecord
 from core.schedulers.local.supervise import identities, observe, settle
 
-__all__ = ["ERROR_FILE", "LogDirFull", "collect", "read_index"]
+__all__ = ["ERROR_FILE", "LogDirFullError", "collect", "read_index"]
 
 _READ_CAP = 4 << 20
 _INDEX_EVERY = 0.02
@@ -216,19 +217,19 @@ def collect(app_dir: str, grace: float = DEFAULT_GRACE, follow: bool = True) -> 
         os.close(lock)
 
 
-class LogDirFull(OSError):
+class LogDirFullError(ShipyardError, OSError):
     """The collector could not write the combined log or its index (a full disk, a read-only
     file system); the message names the log directory in one line."""
 
 
-def _record_error(app: AppDir, record: AppRecord, e: OSError) -> LogDirFull:
+def _record_error(app: AppDir, record: AppRecord, e: OSError) -> LogDirFullError:
     where = os.path.dirname(record.replicas[0].combined) if record.replicas else app.path
     message = f"log directory {where}: cannot be written ({e.strerror}); combined logs stop there"
     try:
         app.mark(ERROR_FILE, message + "\n")
     except OSError:
         pass  # the state directory is on the full disk too: readers get the exception
-    return LogDirFull(e.errno, message)
+    return LogDirFullError(e.errno, message)
 
 
 def _collect(app: AppDir, record: AppRecord, grace: float, follow: bool) -> None:
@@ -330,7 +331,7 @@ def main(argv: Sequence[str]) -> int:
     grace = float(argv[1]) if len(argv) > 1 else DEFAULT_GRACE
     try:
         collect(argv[0], grace)
-    except LogDirFull as e:
+    except LogDirFullError as e:
         sys.stderr.write(f"shipyard collector: {e.strerror}\n")
         return 1
     except Exception as e:  # a collector crash must not look like an app failure

@@ -21,7 +21,7 @@ from typing import Any
 
 from core.schedulers.api import Stream
 from core.schedulers.local.appdir import AppDir
-from core.schedulers.local.collector import ERROR_FILE, LogDirFull, collect, read_index
+from core.schedulers.local.collector import ERROR_FILE, LogDirFullError, collect, read_index
 from core.specs import is_terminal
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class LogIterator:
             return False
         try:
             collect(app.path, follow=False)
-        except LogDirFull as e:
+        except LogDirFullError as e:
             self._failure = e.strerror
         return (
             not app.exists()

@@ -21,7 +21,6 @@ from typing import Any
 
 from core.reports import RESULT_FILE_ENV, Problem, ReplicaResult
 from core.schedulers.api import (
-    IDEMPOTENCY_KEY,
     DescribeAppResponse,
     ListAppResponse,
     Scheduler,
@@ -244,7 +243,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         if not _APP_ID_RE.fullmatch(app_id):
             raise ValueError(f"app_id: expected letters, digits, '_', '.', '-', got {app_id!r}")
         root = ensure_apps_root()
-        key = request.metadata.get(IDEMPOTENCY_KEY)
+        key = dryrun_info.idempotency_key
         if key:
             winner = KeyClaims(root).claim(key, app_id, str(Identity.me()))
             if winner is not None:

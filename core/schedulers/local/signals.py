@@ -11,12 +11,14 @@ import weakref
 from types import FrameType
 from typing import Any, Protocol
 
+from core.errors import ShipyardError
+
 log = logging.getLogger(__name__)
 
 __all__ = ["HANDLERS", "SignalException"]
 
 
-class SignalException(Exception):
+class SignalException(ShipyardError):
     """Raised when the process that created a ``LocalScheduler`` gets SIGTERM or SIGINT
     (after the apps it launched were terminated)."""
 

@@ -23,10 +23,11 @@ from tenacity import (
 )
 
 from core.clusters import ClusterConfig, ClusterError
+from core.errors import ShipyardError
 from core.schedulers.slurm import rest_v0038
 from core.schedulers.slurm.jobinfo import JobInfo
 from core.schedulers.slurm.script import SlurmBatchRequest
-from core.schedulers.slurm.transport import Files, SlurmClient, SubmitRefused, TransportError
+from core.schedulers.slurm.transport import Files, SlurmClient, SubmitRefusedError, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ _TIMEOUT = 30.0
 _GONE = ("Invalid job id", "already completing or completed")
 
 
-class _Transient(Exception):
+class _TransientError(ShipyardError):
     pass
 
 
@@ -78,7 +79,7 @@ class RestClient(SlurmClient):
                 method, url, headers=self._headers(refresh), timeout=_TIMEOUT, **kw
             )
         except (requests.ConnectionError, requests.Timeout) as e:
-            raise _Transient(f"cannot reach {self.cluster.rest_url}: {e}") from e
+            raise _TransientError(f"cannot reach {self.cluster.rest_url}: {e}") from e
 
     def _call(self, method: str, path: str, retry: bool = True, **kw: Any) -> dict[str, Any]:
         """One API call; transient failures retried with backoff (``retry``). A refused token
@@ -87,7 +88,7 @@ class RestClient(SlurmClient):
         retrying = Retrying(
             stop=stop_after_attempt(4 if retry else 1),
             wait=wait_exponential(multiplier=0.2, max=5),
-            retry=retry_if_exception_type(_Transient),
+            retry=retry_if_exception_type(_TransientError),
         )
         try:
             for attempt in retrying:
@@ -108,13 +109,13 @@ class RestClient(SlurmClient):
                 "_status": 401,
             }
         if r.status_code in (502, 503, 504):
-            raise _Transient(f"slurmrestd answered HTTP {r.status_code}")
+            raise _TransientError(f"slurmrestd answered HTTP {r.status_code}")
         try:
             payload = r.json()
         except ValueError:
             if r.status_code == 404:
                 return {"errors": [{"description": "not found"}], "_status": 404}
-            raise _Transient(
+            raise _TransientError(
                 f"slurmrestd answered HTTP {r.status_code}: {r.text[:200]!r}"
             ) from None
         payload["_status"] = r.status_code
@@ -165,7 +166,7 @@ class RestClient(SlurmClient):
         body = api.submission(req, workdir or self.default_workdir or "/", hold, BATCH_ENV)
         payload = self._call("POST", f"{api.SLURM}/job/submit", retry=False, json=body)
         if not payload.get("job_id"):
-            raise SubmitRefused(_describe(payload))
+            raise SubmitRefusedError(_describe(payload))
         if payload.get("errors"):  # a queued job's notes, e.g. "Job is in held state"
             log.debug("job %s: %s", payload["job_id"], _describe(payload))
         return str(payload["job_id"])

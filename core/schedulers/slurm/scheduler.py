@@ -21,7 +21,6 @@ from core.reports import (
     result_replicas,
 )
 from core.schedulers.api import (
-    IDEMPOTENCY_KEY,
     DescribeAppResponse,
     ListAppResponse,
     Scheduler,
@@ -48,7 +47,7 @@ from core.schedulers.slurm.transport import (
     LocalFiles,
     LocalShell,
     SlurmClient,
-    SubmitRefused,
+    SubmitRefusedError,
     TransportError,
     submit_error,
 )
@@ -62,7 +61,7 @@ from core.specs import (
     macros,
     runopts,
 )
-from core.transient import BackendUnavailable
+from core.transient import BackendUnavailableError
 from core.workspace import DirWorkspaceMixin, walk_workspace
 
 log = logging.getLogger(__name__)
@@ -304,11 +303,6 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         job_dir = self._job_dir(cfg)
         nomem = self._nomem(app, cfg)
         job_cfg = dict(cfg)
-        key = app.metadata.get(IDEMPOTENCY_KEY)
-        if key:
-            user_comment = str(cfg.get("comment") or "")
-            mark = key_mark(str(key))
-            job_cfg["comment"] = f"{user_comment} {mark}" if user_comment else mark
         img_root = job_dir or self.default_dir(cluster) or os.getcwd()
         replicas: dict[str, SlurmReplicaRequest] = {}
         for role in app.roles:
@@ -326,11 +320,21 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             max_retries=max_retries,
             app_name=app.name,
             cluster=cluster,
-            key=key_token(str(key)) if key else None,
             result_replicas=result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
         )
         req.order_components()
         return AppDryRunInfo(req, lambda r: r.materialize())
+
+    def _keep_idempotency_key(
+        self, dryrun_info: AppDryRunInfo[SlurmBatchRequest], key: str
+    ) -> None:
+        """The key's mark goes into every component's comment (after the user's)."""
+        req = dryrun_info.request
+        req.key = key_token(key)
+        mark = key_mark(key)
+        for rep in req.replicas.values():
+            comment = rep.sbatch_opts.get("comment")
+            rep.sbatch_opts["comment"] = f"{comment} {mark}" if comment else mark
 
     def schedule(self, dryrun_info: AppDryRunInfo[SlurmBatchRequest]) -> str:
         """Queues the job (in ``job_dir`` if set) and returns its app id. With an idempotency
@@ -347,7 +351,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         created = self._prepare_workdir(client, req, workdir)
         try:
             job_id = client.submit(req, workdir, hold=bool(req.key))
-        except SubmitRefused as e:
+        except SubmitRefusedError as e:
             self._undo_job_dir(client, req.job_dir, created)
             first = next(iter(req.replicas.values()))
             raise submit_error(str(e), dict(first.sbatch_opts)) from None
@@ -702,7 +706,7 @@ def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
         unknown = [a for a in ids if a not in found]
         if unknown:
             # the controller did not answer: "no such job" would be a lie
-            raise BackendUnavailable(
+            raise BackendUnavailableError(
                 f"slurm: cannot describe job(s) {', '.join(unknown)}: the controller did not"
                 f" answer ({controller_error}) and accounting does not know them"
             )

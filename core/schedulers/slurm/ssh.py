@@ -30,6 +30,7 @@ from tenacity import (
 )
 
 from core.clusters import ClusterConfig, ClusterError
+from core.errors import ShipyardError
 from core.schedulers.slurm.transport import (
     CommandResult,
     Files,
@@ -89,7 +90,7 @@ class _LoopThread:
 _LOOP = _LoopThread()
 
 
-class _Transient(Exception):
+class _TransientError(ShipyardError):
     """A failure worth another try (the connection dropped, a channel could not open)."""
 
 
@@ -165,7 +166,7 @@ class SSHConnection:
                 f"cluster {c.name!r}: identity_file: {where} refused the key ({key})"
             ) from None
         except (TimeoutError, OSError, asyncssh.Error) as e:
-            raise _Transient(f"cannot reach {where}: {e or type(e).__name__}") from e
+            raise _TransientError(f"cannot reach {where}: {e or type(e).__name__}") from e
         self._record_host_key(conn)
         log.debug("cluster %s: connected to %s", c.name, where)
         return conn
@@ -194,9 +195,9 @@ class SSHConnection:
                 p = await conn.run(command, input=stdin, check=False, timeout=timeout)
         except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
             await self._drop(conn)
-            raise _Transient(f"connection lost: {e}") from e
+            raise _TransientError(f"connection lost: {e}") from e
         except asyncssh.ChannelOpenError as e:
-            raise _Transient(f"cannot open a channel: {e}") from e
+            raise _TransientError(f"cannot open a channel: {e}") from e
         except asyncssh.TimeoutError as e:
             raise TransportError(f"{command.split()[0]} timed out after {timeout}s") from e
         out, err = p.stdout, p.stderr
@@ -213,7 +214,7 @@ class SSHConnection:
                 self._sftp = await conn.start_sftp_client()
             except (asyncssh.Error, OSError) as e:
                 await self._drop(conn)
-                raise _Transient(f"cannot start SFTP: {e}") from e
+                raise _TransientError(f"cannot start SFTP: {e}") from e
         return self._sftp
 
     def call(self, make: Any, timeout: float | None = 120, retry: bool = True) -> Any:
@@ -223,7 +224,7 @@ class SSHConnection:
         retrying = Retrying(
             stop=stop_after_attempt(attempts),
             wait=wait_exponential(multiplier=0.2, max=5),
-            retry=retry_if_exception_type(_Transient),
+            retry=retry_if_exception_type(_TransientError),
             reraise=False,
         )
         try:
@@ -263,7 +264,7 @@ class SSHConnection:
                 raise
             except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
                 self._sftp = None
-                raise _Transient(f"SFTP failed: {e}") from e
+                raise _TransientError(f"SFTP failed: {e}") from e
 
         return self.call(run)
 

@@ -18,6 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Protocol
 
+from core.errors import ShipyardError
 from core.schedulers.slurm.jobinfo import (
     SACCT_FIELDS,
     SEP,
@@ -27,7 +28,7 @@ from core.schedulers.slurm.jobinfo import (
     parse_squeue,
 )
 from core.schedulers.slurm.script import SlurmBatchRequest
-from core.transient import BackendUnavailable
+from core.transient import BackendUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +41,17 @@ __all__ = [
     "Reader",
     "Shell",
     "SlurmClient",
-    "SubmitRefused",
+    "SubmitRefusedError",
     "TransportError",
     "submit_error",
 ]
 
 
-class TransportError(BackendUnavailable):
+class TransportError(BackendUnavailableError):
     """The cluster could not be reached (after retries): nothing is known about the job."""
 
 
-class SubmitRefused(RuntimeError):
+class SubmitRefusedError(ShipyardError, RuntimeError):
     """Slurm refused the job (``str()`` is its message): nothing was queued."""
 
 
@@ -226,7 +227,7 @@ class SlurmClient(abc.ABC):
         """Queues the app's job (held if ``hold``) in ``workdir`` and returns the job id.
 
         Raises:
-            SubmitRefused: Slurm refused the job: nothing was queued.
+            SubmitRefusedError: Slurm refused the job: nothing was queued.
             TransportError: the cluster could not be reached.
         """
 
@@ -285,7 +286,7 @@ class CommandClient(SlurmClient):
         # the script goes on stdin: its environment values must stay off every command line
         p = self.shell.run(argv, stdin=req.materialize(), cwd=workdir, retry=False)
         if p.returncode != 0:
-            raise SubmitRefused(p.stderr.strip() or p.stdout.strip())
+            raise SubmitRefusedError(p.stderr.strip() or p.stdout.strip())
         job_id = p.stdout.strip().split(";")[0]
         if not job_id.isdigit():
             raise RuntimeError(f"sbatch: unexpected output {p.stdout!r}")

@@ -1,4 +1,5 @@
-"""What ``shipyard run --wait`` shows while it waits: replica states as they change.
+"""What ``shipyard run --wait`` shows while it waits: replica states as they change (the watch
+hands it each status it reads).
 
 On a terminal, one live status line that is redrawn in place (``RUNNING 12s  trainer: 2
 RUNNING  ps: 1 SUCCEEDED``); otherwise (a pipe, a file, a CI log) one plain line per change
@@ -15,15 +16,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from core.transient import RetryBudget
-
 if TYPE_CHECKING:
-    from core.runner import Runner
-    from core.specs import AppHandle, AppStatus, ReplicaStatus
+    from core.specs import AppStatus, ReplicaStatus
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Progress", "is_live_terminal", "wait_with_progress"]
+__all__ = ["Progress", "is_live_terminal"]
 
 #: erase from the cursor to the end of the line (ANSI)
 _CLEAR_EOL = "\x1b[K"
@@ -121,40 +119,3 @@ class Progress:
         self.stream.write("\r" + text + _CLEAR_EOL)
         self.stream.flush()
         self._drawn_text = text
-
-
-def wait_with_progress(
-    runner: Runner, handle: AppHandle, progress: Progress, wait_interval: float = 0.2
-) -> AppStatus | None:
-    """:meth:`Runner.wait <core.runner.Runner.wait>` that shows each status on ``progress``.
-
-    Polls as ``Runner.wait`` does (1 ms, doubling up to ``wait_interval``: a short app is seen
-    ended within about its own run time) and retries transient failures the same way
-    (:class:`~core.transient.RetryBudget`).
-
-    Returns:
-        The final status, or None if the scheduler does not know the app.
-
-    Raises:
-        BackendUnavailable: the backend kept failing for longer than the retry budget.
-    """
-    budget = RetryBudget(f"status of {handle}")
-    delay = min(0.001, wait_interval)
-    try:
-        while True:
-            try:
-                status = runner.status(handle)
-            except Exception as e:
-                pause = budget.failed(e)  # raises unless transient and within the budget
-                log.warning("reading the status of %s failed (retrying): %s", handle, e)
-            else:
-                budget.succeeded()
-                if status is None:
-                    return None
-                progress.update(status)
-                if status.is_terminal():
-                    return status
-                pause, delay = delay, min(delay * 2, wait_interval)
-            time.sleep(pause)  # nothing to await: the status is only known by asking
-    finally:
-        progress.close()

@@ -7,7 +7,7 @@ lines a waiter follows and the statuses it polls, names the running replicas who
 ``max_silence`` seconds, with their last lines; the waiter then cancels the job and fails with
 :meth:`SilenceWatch.message`.
 
-Nothing here imports Airflow or Prefect.
+The watch (:class:`~core.watch.JobWatch`) feeds it and acts on it.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from core.follow import END, LogFollower
-from core.polling import status_poller
-from core.runner import LogLine, Runner, get_runner
-from core.specs import AppDef, AppHandle, AppState, AppStatus
+from core.errors import JobSilentError
+from core.specs import AppDef, AppState, AppStatus
+from core.watch.follow import LogLine
 
 __all__ = [
     "APP_MAX_SILENCE",
@@ -31,20 +30,10 @@ __all__ = [
     "SilenceWatch",
     "check_max_silence",
     "effective_max_silence",
-    "wait_unless_silent",
 ]
 
 #: the last lines of each replica a message quotes
 LAST_LINES = 3
-
-
-class JobSilentError(RuntimeError):
-    """A job was cancelled because replicas printed nothing for ``max_silence`` seconds."""
-
-    def __init__(self, message: str, handle: str, silent: list[str]) -> None:
-        super().__init__(message)
-        self.handle = handle
-        self.silent = silent
 
 
 #: the app ``metadata`` key of the app's own hang limit (seconds, e.g. ``"600"``)
@@ -152,42 +141,3 @@ class SilenceWatch:
             f"{handle}: cancelled: no log line for {self.max_silence:g}s from"
             f" {', '.join(silent)} (max_silence); last lines: " + "; ".join(parts)
         )
-
-
-def wait_unless_silent(
-    runner: Runner,
-    handle: AppHandle,
-    max_silence: float,
-    on_line: Callable[[LogLine], None] | None = None,
-    poll_interval: float = 1.0,
-    runner_factory: Callable[[], Runner] = get_runner,
-) -> AppStatus | None:
-    """Waits for the app to end (its final status; None if it is unknown) while following its
-    logs (each line also to ``on_line``, from the follower's thread).
-
-    Raises:
-        JobSilentError: running replicas printed nothing for ``max_silence`` seconds; the app
-            was cancelled.
-    """
-    silence = SilenceWatch(max_silence)
-
-    def sink(item: Any) -> None:
-        if item is not END:
-            silence.saw(item[1])
-            if on_line is not None:
-                on_line(item[1])
-
-    follower = LogFollower(handle, sink, runner_factory=runner_factory).start()
-    try:
-        with status_poller().watch(handle, poll_interval, runner=runner) as watch:
-            while True:
-                fresh, status = watch.next(poll_interval)
-                if fresh and (status is None or status.is_terminal()):
-                    follower.join(30.0)  # its last lines
-                    return status
-                hang = silence.hang(handle, status) if fresh else None
-                if hang is not None:
-                    runner.cancel(handle)
-                    raise hang
-    finally:
-        follower.stop()

@@ -1,25 +1,21 @@
-"""Waiting on many apps from one process with one status poll loop.
+"""Polling the status of every watched app of a process in one thread, batched per round.
 
-:func:`status_poller` is the process's :class:`StatusPoller`. Whoever waits on an app (an
-Airflow trigger, operator or sensor, a Prefect task, ``Runner.wait``) takes a
-:class:`StatusWatch` of it; the poller's thread reads the status of every watched app with one
-:meth:`~core.runner.Runner.status_many` call per round — one backend call per scheduler and
-session, however many waiters — and hands each watch the outcome.
+:func:`status_poller` is the process's :class:`StatusPoller`. Every :class:`~core.watch.JobWatch`
+(``Runner.wait``, the CLI, the Airflow operator and trigger, the Prefect tasks and worker) takes a
+:class:`StatusWatch` of its app; the poller's thread reads the status of every watched app with one
+``status_many`` call per round — one backend call per scheduler and session, however many
+waiters — and wakes each watch with the outcome.
 
-Each app is polled fast just after it is watched (0.05 s, doubling) and then every
+Each app is polled soon after it is watched (``first_delay``, doubling) and then every
 ``poll_interval`` seconds (the smallest of its watchers), on the ticks of that interval (the
-multiples of it on the monotonic clock), so that all apps waited on with one interval share
-each round. A transient failure (:mod:`core.transient`) is retried with backoff and
-only reaches the watchers as :class:`~core.transient.BackendUnavailable` once it outlasted the
-retry budget; any other error reaches them at once. Sync code calls :meth:`StatusWatch.next`,
-async code awaits :meth:`StatusWatch.next_async` (no thread per waiter).
-
-Nothing here imports Airflow or Prefect.
+multiples of it on the monotonic clock), so that all apps waited on with one interval share each
+round. A transient failure (:mod:`core.transient`) is retried with backoff for as long as anyone
+watches; each watch gives up on its own budget (:class:`~core.errors.BackendUnavailableError`
+once failures outlasted it). Any other error reaches the watchers at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
@@ -28,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from core.runner import Runner, get_runner
+from core.errors import BackendUnavailableError
 from core.specs import AppHandle, AppStatus
-from core.transient import RetryBudget, is_transient, retry_budget
+from core.transient import backoff, is_transient, retry_budget
+from core.watch.source import JobSource
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StatusPoller", "StatusWatch", "Warns", "status_poller"]
+__all__ = ["FIRST_DELAY", "StatusPoller", "StatusWatch", "Logger", "status_poller"]
 
 #: first delay between two polls of a newly watched app (then doubling to its interval)
 FIRST_DELAY = 0.05
@@ -44,10 +41,21 @@ COALESCE = 0.1
 IDLE_EXIT = 5.0
 
 
-class Warns(Protocol):
+class Logger(Protocol):
     """Any logger (``logging``, a Prefect run logger, Airflow's structlog loggers)."""
 
+    def info(self, msg: Any, /, *args: Any) -> Any: ...
+
     def warning(self, msg: Any, /, *args: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class _Failing:
+    """A round whose poll failed: the error, and since when (monotonic) polls have failed."""
+
+    error: BaseException
+    since: float
+    tries: int
 
 
 @dataclass(eq=False)
@@ -57,10 +65,15 @@ class StatusWatch:
     poller: StatusPoller
     handle: AppHandle
     poll_interval: float
+    #: seconds of transient failures after which :meth:`take` raises
+    budget: float
     #: where this waiter wants to hear of retried failures (e.g. a task's run logger)
-    logger: Warns = log
+    logger: Logger = log
     #: the waiter's own runner, when the app must be polled through it (None: the poller's)
-    runner: Runner | None = None
+    runner: JobSource | None = None
+    first_delay: float = FIRST_DELAY
+    #: when the watch started (failures before it do not count against its budget)
+    started: float = field(default_factory=time.monotonic)
     _taken: int = 0
     _listeners: list[Callable[[], None]] = field(default_factory=list)
 
@@ -75,85 +88,59 @@ class StatusWatch:
         self.poller.unwatch(self)
 
     def take(self) -> tuple[bool, AppStatus | None]:
-        """``(True, status)`` if a round newer than the last one taken has an answer (status
-        None: the scheduler does not know the app), else ``(False, None)``; never blocks.
+        """``(True, status)`` if a round newer than the last one taken has a status (None: the
+        scheduler does not know the app), else ``(False, None)``; never blocks.
 
         Raises:
-            BackendUnavailable: the backend kept failing for longer than the retry budget.
+            BackendUnavailableError: polls kept failing transiently for longer than ``budget``.
             Exception: a status error that is not transient.
         """
         got = self.poller.outcome(self.handle)
         if got is None or got[0] <= self._taken:
             return False, None
         self._taken, outcome = got
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return True, outcome
+        if not isinstance(outcome, _Failing):
+            return True, outcome
+        if not is_transient(outcome.error):
+            raise outcome.error
+        failing_for = time.monotonic() - max(outcome.since, self.started)
+        if failing_for >= self.budget:
+            raise BackendUnavailableError(
+                f"status of {self.handle}: the backend kept failing for {failing_for:.0f}s"
+                f" ({outcome.tries} tries): {outcome.error}"
+            ) from outcome.error
+        return False, None
 
-    def next(self, timeout: float) -> tuple[bool, AppStatus | None]:
-        """:meth:`take`, waiting up to ``timeout`` seconds for a new round."""
+    def wait(self, timeout: float) -> None:
+        """Blocks until a round newer than the last one taken came, or ``timeout`` passed."""
         self.poller.wait_for_round(self.handle, self._taken, timeout)
-        return self.take()
-
-    async def next_async(self, timeout: float) -> tuple[bool, AppStatus | None]:
-        """:meth:`next` for async code: waits on the event loop, not in a thread."""
-        fresh = self.take()
-        if fresh[0]:
-            return fresh
-        loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
-
-        def wake() -> None:  # in the poller's thread
-            try:
-                loop.call_soon_threadsafe(woken.set)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
-
-        self.add_listener(wake)
-        try:
-            fresh = self.take()  # a round may have come in between
-            if not fresh[0]:
-                try:
-                    await asyncio.wait_for(woken.wait(), timeout)
-                except TimeoutError:
-                    pass
-                fresh = self.take()
-        finally:
-            self.remove_listener(wake)
-        return fresh
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Calls ``callback()`` (in the poller's thread: keep it short) after each new round
-        of this app; e.g. to wake an event loop that also does other work while it waits."""
+        of this app, e.g. to wake a thread or an event loop that waits for other things too."""
         with self.poller.lock:
             self._listeners.append(callback)
-
-    def remove_listener(self, callback: Callable[[], None]) -> None:
-        """Undoes :meth:`add_listener`."""
-        with self.poller.lock:
-            if callback in self._listeners:
-                self._listeners.remove(callback)
 
 
 @dataclass(eq=False)
 class _Polled:
     """The poller's state of one watched app."""
 
-    budget: RetryBudget
     watches: list[StatusWatch] = field(default_factory=list)
     next_at: float = 0.0
     delay: float = FIRST_DELAY
     rounds: int = 0
     outcome: Any = None
+    failing_since: float | None = None
+    failures: int = 0
 
     @property
     def interval(self) -> float:
         return min(w.poll_interval for w in self.watches)
 
     @property
-    def runner(self) -> Runner | None:
-        """A watcher's own runner (one made for a remote Docker engine), while one watches;
-        None: the poller's own."""
+    def runner(self) -> JobSource | None:
+        """A watcher's own runner, while one watches; None: the poller's own."""
         return next((w.runner for w in self.watches if w.runner is not None), None)
 
 
@@ -161,16 +148,13 @@ class StatusPoller:
     """Polls the status of every watched app in one daemon thread, batched per round.
 
     Args:
-        runner_factory: makes the runner the poll thread uses (one of its own)
-        budget: seconds a transient failure is retried before waiters get it (default:
-            :func:`core.transient.retry_budget`, read when an app is first watched)
+        runner_factory: makes the runner the poll thread asks through for the waiters whose
+            runners :attr:`~core.watch.source.JobSource.uses_defaults` (default: a sibling of
+            the first such waiter's runner)
     """
 
-    def __init__(
-        self, runner_factory: Callable[[], Runner] = get_runner, budget: float | None = None
-    ) -> None:
+    def __init__(self, runner_factory: Callable[[], JobSource] | None = None) -> None:
         self._runner_factory = runner_factory
-        self._budget = budget
         self.lock = threading.Condition()
         self._polled: dict[AppHandle, _Polled] = {}
         self._thread: threading.Thread | None = None
@@ -180,37 +164,47 @@ class StatusPoller:
     def watch(
         self,
         handle: AppHandle,
+        runner: JobSource,
         poll_interval: float,
-        logger: Warns | None = None,
-        runner: Runner | None = None,
+        *,
+        logger: Logger | None = None,
+        first_delay: float = FIRST_DELAY,
+        budget: float | None = None,
+        shared: bool = True,
     ) -> StatusWatch:
-        """Starts watching ``handle`` every ``poll_interval`` seconds (polled at once first).
+        """Starts watching ``handle`` every ``poll_interval`` seconds (polled at once first,
+        then after ``first_delay``, doubling).
 
-        ``logger`` hears of failed polls being retried (default: this module's logger).
-        ``runner`` is the caller's: unless it :attr:`~core.runner.Runner.uses_defaults` (then the
-        poller's own runner asks, batched with every other app), the app is polled through it,
-        e.g. one made for a remote Docker engine; the caller keeps it open while it watches.
+        ``logger`` hears of failed polls being retried (default: this module's logger);
+        ``budget`` is how many seconds of such failures the watch takes before it raises
+        (default: :func:`core.transient.retry_budget`). ``runner`` is the caller's: when it
+        :attr:`~core.watch.source.JobSource.uses_defaults` and ``shared``, the poller's own
+        runner asks, batched with every other app; otherwise the app is polled through it (a
+        runner made for a remote Docker engine; or one whose scheduler knows the app from
+        memory), and the caller keeps it open while it watches.
         """
         if poll_interval <= 0:
             raise ValueError(f"poll_interval: expected a positive number, got {poll_interval!r}")
-        theirs = None if runner is None or runner.uses_defaults else runner
-        watch = StatusWatch(self, handle, float(poll_interval), logger or log, theirs)
+        theirs: JobSource | None = runner
+        if runner.uses_defaults and shared:
+            theirs = None
+            if self._runner_factory is None:
+                self._runner_factory = runner.sibling
+        budget = retry_budget() if budget is None else budget
+        w = StatusWatch(self, handle, float(poll_interval), budget, logger or log, theirs)
+        w.first_delay = min(first_delay, w.poll_interval)
         with self.lock:
-            polled = self._polled.get(handle)
-            if polled is None:
-                seconds = retry_budget() if self._budget is None else self._budget
-                budget = RetryBudget(f"status of {handle}", seconds)
-                polled = self._polled[handle] = _Polled(budget)
-            polled.watches.append(watch)
+            polled = self._polled.setdefault(handle, _Polled())
+            polled.watches.append(w)
             polled.next_at = 0.0  # a new waiter wants an answer now
-            polled.delay = FIRST_DELAY
+            polled.delay = w.first_delay
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, daemon=True, name="shipyard-status-poller"
                 )
                 self._thread.start()
             self.lock.notify_all()
-        return watch
+        return w
 
     def unwatch(self, watch: StatusWatch) -> None:
         """Stops ``watch`` (:meth:`StatusWatch.close` calls this)."""
@@ -222,7 +216,7 @@ class StatusPoller:
                     del self._polled[watch.handle]
 
     def outcome(self, handle: AppHandle) -> tuple[int, Any] | None:
-        """``(round number, status or exception)`` of the app's last answered round."""
+        """``(round number, status or failure)`` of the app's last round."""
         with self.lock:
             polled = self._polled.get(handle)
             if polled is None or not polled.rounds:
@@ -242,16 +236,16 @@ class StatusPoller:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _due(self, now: float) -> dict[Runner | None, list[AppHandle]]:
+    def _due(self, now: float) -> dict[JobSource | None, list[AppHandle]]:
         """The apps to poll now, by the runner to ask (None: the poller's own)."""
-        due: dict[Runner | None, list[AppHandle]] = {}
+        due: dict[JobSource | None, list[AppHandle]] = {}
         for handle, polled in self._polled.items():
             if polled.next_at <= now + COALESCE * polled.delay:
                 due.setdefault(polled.runner, []).append(handle)
         return due
 
     def _loop(self) -> None:
-        runner: Runner | None = None
+        own: JobSource | None = None
         idle_since: float | None = None
         try:
             while True:
@@ -273,7 +267,10 @@ class StatusPoller:
                 outcomes: dict[AppHandle, Any] = {}
                 for theirs, handles in due.items():
                     if theirs is None:
-                        runner = theirs = runner or self._runner_factory()
+                        if own is None:
+                            assert self._runner_factory is not None
+                            own = self._runner_factory()
+                        theirs = own
                     outcomes.update(_poll(theirs, handles))
                 self._publish(outcomes)
         except BaseException:  # never leave waiters hanging on a dead loop
@@ -282,8 +279,8 @@ class StatusPoller:
                 self._thread = None
             raise
         finally:
-            if runner is not None:
-                runner.close()
+            if own is not None:
+                own.close()
 
     def _publish(self, outcomes: dict[AppHandle, Any]) -> None:
         listeners: list[Callable[[], None]] = []
@@ -294,22 +291,20 @@ class StatusPoller:
                 polled = self._polled.get(handle)
                 if polled is None:
                     continue  # unwatched meanwhile
-                answer = self._settle(polled, handle, outcome, now)
-                if answer is not _RETRYING:
-                    polled.rounds += 1
-                    polled.outcome = answer
-                    for watch in polled.watches:
-                        listeners.extend(watch._listeners)
+                polled.rounds += 1
+                polled.outcome = self._settle(polled, handle, outcome, now)
+                for w in polled.watches:
+                    listeners.extend(w._listeners)
             self.lock.notify_all()
         for listener in listeners:
             listener()
 
     @staticmethod
     def _settle(polled: _Polled, handle: AppHandle, outcome: Any, now: float) -> Any:
-        """Schedules the app's next poll and returns what its waiters get: the status, the
-        error (not transient, or transient past the budget), or ``_RETRYING``."""
+        """Schedules the app's next poll; returns what its watchers get: the status, or a
+        :class:`_Failing` (a transient one is retried with backoff)."""
         if not isinstance(outcome, BaseException):
-            polled.budget.succeeded()
+            polled.failing_since, polled.failures = None, 0
             interval = polled.interval
             if polled.delay < interval:
                 polled.next_at = now + polled.delay
@@ -317,29 +312,24 @@ class StatusPoller:
             else:
                 polled.next_at = (now // interval + 1) * interval
             return outcome
-        try:
-            pause = polled.budget.failed(outcome)
-        except BaseException as final:
-            polled.budget.succeeded()  # whoever goes on waiting gets a fresh budget
-            polled.next_at = now + polled.interval
-            return final
-        for logger in {id(w.logger): w.logger for w in polled.watches}.values():
-            logger.warning(
-                "reading the status of %s failed (try %d, again in %.1fs): %s",
-                handle,
-                polled.budget.failures,
-                pause,
-                outcome,
-            )
+        if polled.failing_since is None:
+            polled.failing_since = now
+        polled.failures += 1
+        pause = backoff(polled.failures) if is_transient(outcome) else polled.interval
         polled.next_at = now + pause
-        return _RETRYING
+        if is_transient(outcome):
+            for logger in {id(w.logger): w.logger for w in polled.watches}.values():
+                logger.warning(
+                    "reading the status of %s failed (try %d, again in %.1fs): %s",
+                    handle,
+                    polled.failures,
+                    pause,
+                    outcome,
+                )
+        return _Failing(outcome, polled.failing_since, polled.failures)
 
 
-#: what :meth:`StatusPoller._settle` returns while a transient failure is being retried
-_RETRYING: Any = object()
-
-
-def _poll(runner: Runner, handles: list[AppHandle]) -> dict[AppHandle, Any]:
+def _poll(runner: JobSource, handles: list[AppHandle]) -> dict[AppHandle, Any]:
     """Statuses of ``handles`` in one call. A transient failure is every handle's outcome;
     another error is retried handle by handle, so one bad handle fails only its waiters."""
     try:
@@ -350,7 +340,7 @@ def _poll(runner: Runner, handles: list[AppHandle]) -> dict[AppHandle, Any]:
     return {h: _one(runner, h) for h in handles}
 
 
-def _one(runner: Runner, handle: AppHandle) -> Any:
+def _one(runner: JobSource, handle: AppHandle) -> Any:
     try:
         return runner.status(handle)
     except Exception as e:

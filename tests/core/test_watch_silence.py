@@ -1,12 +1,12 @@
-"""core.silence: which running replicas are silent for too long, with their last lines."""
+"""core.watch.silence: which running replicas are silent for too long, with their last lines."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.runner import LogLine
-from core.silence import SilenceWatch, check_max_silence, effective_max_silence
 from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Role, RoleStatus
+from core.watch.follow import LogLine
+from core.watch.silence import SilenceWatch, check_max_silence, effective_max_silence
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""core.follow: log cursors, and following a real local app's logs from a cursor."""
+"""core.watch.follow: log cursors, and following a real local app's logs from a cursor."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from core.follow import END, LogCursor, LogFollower, lines_after
-from core.runner import LogLine, get_runner
+from core.runner import get_runner
 from core.specs import AppDef, Role
+from core.watch.follow import END, LogCursor, LogFollower, LogLine, lines_after
 
 SCRIPT = 'for i in 1 2 3 4; do echo "line $i of ${replica_id}"; done'
 
@@ -42,7 +42,9 @@ def test_follower_and_lines_after_resume_at_the_cursor() -> None:
         handle = runner.run(app, "local_cwd")
         start = LogCursor({"r/0": 3})
         items: queue.Queue[Any] = queue.Queue()
-        LogFollower(handle, items.put, start).start()
+        follower = LogFollower(runner, handle, items.put, start)
+        follower.add([("r", 0), ("r", 1)])
+        follower.close()
         got: list[tuple[int, LogLine]] = []
         while (item := items.get(timeout=60)) is not END:
             got.append(item)

@@ -1,4 +1,4 @@
-"""core.polling and core.transient: one batched status poller per process, one rule for
+"""core.watch.polling and core.transient: one batched status poller per process, one rule for
 transient backend errors. Real local apps; backend failures are faked (a real backend cannot
 be made to fail on demand)."""
 
@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from core.polling import StatusPoller, StatusWatch
 from core.runner import Runner, get_runner
 from core.specs import AppDef, AppState, Role
-from core.transient import BackendUnavailable, RetryBudget, call_with_retries, is_transient
+from core.transient import BackendUnavailableError, call_with_retries, is_transient, retry_budget
+from core.watch import JobWatch
+from core.watch.polling import StatusPoller, StatusWatch
 
 
 def sh(name: str, script: str) -> AppDef:
@@ -50,18 +52,20 @@ class Counting:
 
 
 def final(watch: StatusWatch, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
     while True:
-        fresh, status = watch.next(timeout)
-        assert fresh, f"no status of {watch.handle} within {timeout}s"
-        if status is None or status.is_terminal():
+        watch.wait(max(deadline - time.monotonic(), 0))
+        fresh, status = watch.take()
+        if fresh and (status is None or status.is_terminal()):
             return status
+        assert time.monotonic() < deadline, f"no final status of {watch.handle} in {timeout}s"
 
 
 def test_many_waiters_share_each_round(runner: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
     handles = [runner.run(sh(f"p{i}", "sleep 1"), "local_cwd") for i in range(5)]
     counting = Counting(monkeypatch)
     poller = StatusPoller()
-    watches = [poller.watch(h, 0.3) for h in handles]
+    watches = [poller.watch(h, runner, 0.3) for h in handles]
     results = [final(w) for w in watches]
     for w in watches:
         w.close()
@@ -78,7 +82,7 @@ def test_many_waiters_share_each_round(runner: Runner, monkeypatch: pytest.Monke
 def test_two_waiters_of_one_app_both_get_each_status(runner: Runner) -> None:
     handle = runner.run(sh("twice", "sleep 0.5"), "local_cwd")
     poller = StatusPoller()
-    with poller.watch(handle, 0.1) as a, poller.watch(handle, 5.0) as b:
+    with poller.watch(handle, runner, 0.1) as a, poller.watch(handle, runner, 5.0) as b:
         assert final(a).state == AppState.SUCCEEDED
         assert final(b).state == AppState.SUCCEEDED  # polled at the faster waiter's pace
 
@@ -89,13 +93,13 @@ def test_transient_failures_are_retried_then_reported(
     handle = runner.run(sh("hiccup", "true"), "local_cwd")
     counting = Counting(monkeypatch)
     counting.fail = 2  # 0.5 s + 1 s of backoff: within the budget
-    with StatusPoller(budget=30).watch(handle, 0.1) as watch:
+    with StatusPoller().watch(handle, runner, 0.1, budget=30) as watch:
         assert final(watch).state == AppState.SUCCEEDED
     assert len(counting.batches) >= 3
 
     counting.fail = 100  # an engine that stays down
-    with StatusPoller(budget=1).watch(handle, 0.1) as watch:
-        with pytest.raises(BackendUnavailable, match="engine restarting") as err:
+    with StatusPoller().watch(handle, runner, 0.1, budget=1) as watch:
+        with pytest.raises(BackendUnavailableError, match="engine restarting") as err:
             final(watch)
     assert "kept failing" in str(err.value)
     assert isinstance(err.value.__cause__, ConnectionError)
@@ -108,7 +112,7 @@ def test_other_errors_reach_the_waiter_at_once(
     counting = Counting(monkeypatch, ValueError("scheduler: unknown"))
     counting.fail = 100
     monkeypatch.setattr(Runner, "status", lambda self, h: (_ for _ in ()).throw(ValueError("no")))
-    with StatusPoller(budget=60).watch(handle, 0.1) as watch:
+    with StatusPoller().watch(handle, runner, 0.1, budget=60) as watch:
         with pytest.raises(ValueError):
             final(watch)
     assert len(counting.batches) == 1
@@ -116,19 +120,12 @@ def test_other_errors_reach_the_waiter_at_once(
 
 def test_async_waiters_need_no_threads(runner: Runner) -> None:
     handles = [runner.run(sh(f"a{i}", "sleep 0.5"), "local_cwd") for i in range(20)]
-    poller = StatusPoller()
-
-    async def wait_one(handle: str) -> Any:
-        with poller.watch(handle, 0.2) as watch:
-            while True:
-                fresh, status = await watch.next_async(10)
-                if fresh and status is not None and status.is_terminal():
-                    return status.state
 
     async def wait_all() -> tuple[list[Any], int]:
         before = threading.active_count()
-        states = await asyncio.gather(*(wait_one(h) for h in handles))
-        return list(states), threading.active_count() - before
+        watches = [JobWatch(runner, h, poll_interval=0.2).run_async() for h in handles]
+        ends = await asyncio.gather(*watches)
+        return [end.status.state for end in ends], threading.active_count() - before
 
     states, extra_threads = asyncio.run(wait_all())
     assert states == [AppState.SUCCEEDED] * 20
@@ -138,7 +135,7 @@ def test_async_waiters_need_no_threads(runner: Runner) -> None:
 def test_listeners_hear_each_new_round(runner: Runner) -> None:
     handle = runner.run(sh("listen", "sleep 0.3"), "local_cwd")
     heard = threading.Event()
-    with StatusPoller().watch(handle, 0.1) as watch:
+    with StatusPoller().watch(handle, runner, 0.1) as watch:
         watch.add_listener(heard.set)
         assert heard.wait(10)
         assert watch.take()[0]
@@ -148,7 +145,7 @@ def test_is_transient() -> None:
     assert is_transient(ConnectionRefusedError())
     assert is_transient(TimeoutError())
     assert is_transient(subprocess.TimeoutExpired(["squeue"], 5))
-    assert is_transient(BackendUnavailable("slurm: controller did not answer"))
+    assert is_transient(BackendUnavailableError("slurm: controller did not answer"))
 
     class ServerError(Exception):
         response = type("R", (), {"status_code": 503})()
@@ -173,7 +170,7 @@ def test_call_with_retries() -> None:
 
     assert call_with_retries(flaky, "squeue", budget=30, first_delay=0.01) == "answer"
     assert len(calls) == 3
-    with pytest.raises(BackendUnavailable, match="squeue: .*dropped"):
+    with pytest.raises(BackendUnavailableError, match="squeue: .*dropped"):
         call_with_retries(
             lambda: (_ for _ in ()).throw(ConnectionResetError("dropped")), "squeue", budget=0.1
         )
@@ -183,7 +180,9 @@ def test_call_with_retries() -> None:
 
 def test_retry_budget_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHIPYARD_RETRY_BUDGET", "7")
-    assert RetryBudget("x").budget == 7
+    assert retry_budget() == 7
+    with get_runner() as runner, StatusPoller().watch("local_cwd://s/a", runner, 1.0) as watch:
+        assert watch.budget == 7
     monkeypatch.setenv("SHIPYARD_RETRY_BUDGET", "soon")
     with pytest.raises(ValueError, match="SHIPYARD_RETRY_BUDGET: expected seconds"):
-        RetryBudget("x")
+        retry_budget()
