@@ -16,7 +16,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
