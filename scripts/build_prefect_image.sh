@@ -14,7 +14,8 @@ VENV=${SHIPYARD_VENV:-$REPO/.venv}
 VERSION=$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("prefect"))')
 IMAGE=${SHIPYARD_PREFECT_IMAGE:-shipyard-test/prefect:$VERSION}
 
-log() { echo "[build_prefect_image] $*" >&2; }
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 if [ -z "${SHIPYARD_REBUILD:-}" ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
     log "$IMAGE exists"

@@ -6,7 +6,8 @@ set -euo pipefail
 
 BUSYBOX_IMAGE="${SHIPYARD_TEST_IMAGE:-shipyard-test/busybox:latest}"
 
-log() { echo "[build_test_images] $*" >&2; }
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 if docker image inspect "$BUSYBOX_IMAGE" >/dev/null 2>&1; then
     log "$BUSYBOX_IMAGE exists"

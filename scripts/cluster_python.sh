@@ -8,7 +8,8 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 DEST=${SHIPYARD_CLUSTER_PYTHON:-/opt/shipyard-cluster-python}
-log() { echo "[cluster_python] $*" >&2; }
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 want=$("$REPO/.venv/bin/python" -c 'import prefect; print(prefect.__version__)')
 have=$("$DEST/bin/python" -c 'import prefect; print(prefect.__version__)' 2>/dev/null || true)

@@ -11,7 +11,8 @@ set -euo pipefail
 DIR="${1:-${SHIPYARD_DOCKER_TLS_DIR:-/var/lib/shipyard-docker-tls}}"
 DAYS=825
 
-log() { echo "[make_docker_certs] $*" >&2; }
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 valid() { # $1: certificate; true if it exists, is signed by DIR's CA and lasts 30 more days
     [ -s "$1" ] && openssl x509 -checkend 2592000 -noout -in "$1" >/dev/null 2>&1 \

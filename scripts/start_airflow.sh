@@ -34,12 +34,9 @@ DB_NAME=shipyard_airflow
 DB_USER=shipyard_airflow
 PROCESSES=(scheduler dag-processor triggerer api-server)
 
-log() { echo "[start_airflow] $*" >&2; }
-die() {
-    log "ERROR: $*"
-    exit 1
-}
-[ "$(id -u)" = 0 ] || die "must run as root"
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+require_root
 export PATH="$PATH:/usr/sbin:/sbin"
 umask 077
 
@@ -47,25 +44,21 @@ RUN=$AHOME/run
 LOGS=$AHOME/logs
 API_URL="http://127.0.0.1:$PORT"
 
-pid_alive() { # pid_alive NAME: run/NAME.pid names a live `airflow NAME` process (not a reused pid)
-    local pid
-    [ -s "$RUN/$1.pid" ] || return 1
-    pid=$(cat "$RUN/$1.pid")
-    kill -0 "$pid" 2>/dev/null || return 1
+airflow_alive() { # airflow_alive NAME: run/NAME.pid names a live `airflow NAME` process
     # (the API server renames itself "airflow api_server -- ...")
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -Eq "airflow ($1|${1//-/_})( |$)"
+    pid_alive "$RUN/$1.pid" "airflow $1" || pid_alive "$RUN/$1.pid" "airflow ${1//-/_}"
 }
 
 if [ "${1:-}" = "--stop" ]; then
     for name in "${PROCESSES[@]}"; do
-        if pid_alive "$name"; then
+        if airflow_alive "$name"; then
             log "stopping $name (pid $(cat "$RUN/$name.pid"))"
             kill -TERM "$(cat "$RUN/$name.pid")"
         fi
     done
     deadline=$((SECONDS + 60))
     for name in "${PROCESSES[@]}"; do
-        while pid_alive "$name"; do
+        while airflow_alive "$name"; do
             [ "$SECONDS" -lt "$deadline" ] || die "airflow $name (pid $(cat "$RUN/$name.pid")) does not stop"
             sleep 0.2
         done
@@ -80,17 +73,7 @@ start=$SECONDS
 [ -x "$VENV/bin/airflow" ] || die "$VENV/bin/airflow is missing (run scripts/setup.sh)"
 "$VENV/bin/python" -c 'import psycopg2' 2>/dev/null ||
     die "psycopg2 is missing from $VENV (pip install -e '.[airflow]')"
-if ! command -v pg_ctlcluster >/dev/null || ! [ -x "/usr/lib/postgresql/$PG_VERSION/bin/postgres" ]; then
-    log "installing postgresql"
-    export DEBIAN_FRONTEND=noninteractive
-    had_policy=0
-    [ -e /usr/sbin/policy-rc.d ] && had_policy=1
-    # no init system here: keep the package scripts from starting services
-    [ "$had_policy" = 1 ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; }
-    apt-get update -qq || log "apt-get update failed; trying the package lists already here"
-    apt-get install -y -qq --no-install-recommends postgresql >/dev/null
-    [ "$had_policy" = 1 ] || rm -f /usr/sbin/policy-rc.d
-fi
+apt_install postgresql
 
 # --- PostgreSQL ------------------------------------------------------------------------------
 if ! pg_lsclusters -h 2>/dev/null | awk '{print $1"/"$2}' | grep -qx "$PG_VERSION/$PG_CLUSTER"; then
@@ -209,7 +192,7 @@ run_env=(
 # --- migrate (when nothing runs yet or Airflow changed) ---------------------------------------
 version=$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("apache-airflow-core"))')
 stamp="$AHOME/migrated-$version"
-if [ ! -f "$stamp" ] || ! pid_alive scheduler; then
+if [ ! -f "$stamp" ] || ! airflow_alive scheduler; then
     log "airflow db migrate ($version)"
     (cd "$AHOME/work" && "${run_env[@]}" "$VENV/bin/airflow" db migrate >"$LOGS/migrate.out" 2>&1) ||
         die "airflow db migrate failed: $(tail -5 "$LOGS/migrate.out")"
@@ -218,7 +201,7 @@ fi
 
 # --- the processes ---------------------------------------------------------------------------
 for name in "${PROCESSES[@]}"; do
-    if pid_alive "$name"; then
+    if airflow_alive "$name"; then
         continue
     fi
     log "starting airflow $name"
@@ -244,7 +227,7 @@ PY
 deadline=$((SECONDS + WAIT))
 until healthy; do
     for name in "${PROCESSES[@]}"; do
-        pid_alive "$name" || die "airflow $name exited: $(tail -5 "$LOGS/$name.out")"
+        airflow_alive "$name" || die "airflow $name exited: $(tail -5 "$LOGS/$name.out")"
     done
     [ "$SECONDS" -lt "$deadline" ] || die "the deployment is not healthy after ${WAIT}s (see $LOGS/*.out)"
     sleep 0.5

@@ -23,24 +23,11 @@ AUTH_REGISTRY_ADDR=127.0.0.1:5001
 AUTH_REGISTRY_DIR="${SHIPYARD_REGISTRY_AUTH_DIR:-/var/lib/shipyard-registry-auth}"
 AUTH_REGISTRY_LOG=/var/log/docker-registry-auth.log
 
-log() { echo "[start_docker] $*" >&2; }
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+require_root
 
-if [ "$(id -u)" -ne 0 ]; then
-    log "must run as root"
-    exit 1
-fi
-
-# --- packages ---------------------------------------------------------------------------------
-missing=()
-for pkg in docker.io busybox-static docker-registry procps openssl apache2-utils; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+apt_install docker.io busybox-static docker-registry procps openssl apache2-utils
 
 # --- dockerd ----------------------------------------------------------------------------------
 # Registries on loopback are insecure (plain http) by default in dockerd; say it explicitly so

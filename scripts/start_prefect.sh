@@ -35,12 +35,9 @@ VENV=${SHIPYARD_VENV:-$REPO/.venv}
 WAIT=${SHIPYARD_PREFECT_WAIT:-120}
 PROCESSES=(server relay worker)
 
-log() { echo "[start_prefect] $*" >&2; }
-die() {
-    log "ERROR: $*"
-    exit 1
-}
-[ "$(id -u)" = 0 ] || die "must run as root"
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+require_root
 umask 077
 
 RUN=$PHOME/run
@@ -54,24 +51,20 @@ pattern() { # the command line each process has
     worker) echo "prefect worker start" ;;
     esac
 }
-pid_alive() { # pid_alive NAME: run/NAME.pid names a live process of that kind (not a reused pid)
-    local pid
-    [ -s "$RUN/$1.pid" ] || return 1
-    pid=$(cat "$RUN/$1.pid")
-    kill -0 "$pid" 2>/dev/null || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -Fq "$(pattern "$1")"
+prefect_alive() { # prefect_alive NAME: run/NAME.pid names a live process of that kind
+    pid_alive "$RUN/$1.pid" "$(pattern "$1")"
 }
 
 if [ "${1:-}" = "--stop" ]; then
     for name in worker relay server; do
-        if pid_alive "$name"; then
+        if prefect_alive "$name"; then
             log "stopping $name (pid $(cat "$RUN/$name.pid"))"
             kill -TERM "$(cat "$RUN/$name.pid")"
         fi
     done
     deadline=$((SECONDS + 60))
     for name in worker relay server; do
-        while pid_alive "$name"; do
+        while prefect_alive "$name"; do
             [ "$SECONDS" -lt "$deadline" ] || die "$name (pid $(cat "$RUN/$name.pid")) does not stop"
             sleep 0.2
         done
@@ -82,12 +75,7 @@ fi
 
 start=$SECONDS
 [ -x "$VENV/bin/prefect" ] || die "$VENV/bin/prefect is missing (run scripts/setup.sh)"
-if ! command -v socat >/dev/null; then
-    log "installing socat"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq || log "apt-get update failed; trying the package lists already here"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat >/dev/null ||
-        die "socat is missing (apt-get install socat)"
-fi
+apt_install socat || die "socat is missing (apt-get install socat)"
 install -d -m 700 "$PHOME" "$RUN" "$LOGS" "$PHOME/home" "$PHOME/shipyard-state" "$PHOME/work"
 echo "$API_URL" >"$PHOME/api_url"
 echo "$POOL" >"$PHOME/pool"
@@ -133,7 +121,7 @@ PY
 }
 
 # --- the server --------------------------------------------------------------------------------
-if ! pid_alive server; then
+if ! prefect_alive server; then
     if api_healthy; then
         die "something else answers on 127.0.0.1:$PORT (set SHIPYARD_PREFECT_PORT)"
     fi
@@ -141,7 +129,7 @@ if ! pid_alive server; then
 fi
 deadline=$((SECONDS + WAIT))
 until api_healthy; do
-    pid_alive server || die "prefect server exited: $(tail -5 "$LOGS/server.out")"
+    prefect_alive server || die "prefect server exited: $(tail -5 "$LOGS/server.out")"
     [ "$SECONDS" -lt "$deadline" ] || die "the API is not healthy after ${WAIT}s (see $LOGS/server.out)"
     sleep 0.5
 done
@@ -153,7 +141,7 @@ gateway=
 if [ -n "$bridge" ]; then
     gateway=$(ip -4 -o addr show dev "$bridge" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
 fi
-if [ -n "$gateway" ] && ! pid_alive relay; then
+if [ -n "$gateway" ] && ! prefect_alive relay; then
     spawn relay socat "TCP-LISTEN:$PORT,bind=$gateway,fork,reuseaddr" "TCP:127.0.0.1:$PORT"
 fi
 if [ -n "$gateway" ]; then
@@ -174,23 +162,23 @@ if ! (cd "$PHOME/work" && "${run_env[@]}" "$VENV/bin/prefect" work-pool inspect 
 fi
 # a worker that runs older code than the checkout's is started again (it finds its runs again)
 code=$(cat "$REPO"/prefect_tasks/*.py "$REPO"/core/runner.py | cksum | cut -d' ' -f1)
-if pid_alive worker && [ "$(cat "$RUN/worker.code" 2>/dev/null)" != "$code" ]; then
+if prefect_alive worker && [ "$(cat "$RUN/worker.code" 2>/dev/null)" != "$code" ]; then
     log "restarting the worker (prefect_tasks changed)"
     kill -TERM "$(cat "$RUN/worker.pid")"
     deadline=$((SECONDS + 60))
-    while pid_alive worker; do
+    while prefect_alive worker; do
         [ "$SECONDS" -lt "$deadline" ] || die "the worker (pid $(cat "$RUN/worker.pid")) does not stop"
         sleep 0.2
     done
 fi
-if ! pid_alive worker; then
+if ! prefect_alive worker; then
     echo "$code" >"$RUN/worker.code"
     : >"$LOGS/worker.out"
     spawn worker "$VENV/bin/prefect" worker start -p "$POOL" -t shipyard --name "$WORKER_NAME"
 fi
 deadline=$((SECONDS + WAIT))
 until grep -q "started" "$LOGS/worker.out"; do
-    pid_alive worker || die "prefect worker exited: $(tail -5 "$LOGS/worker.out")"
+    prefect_alive worker || die "prefect worker exited: $(tail -5 "$LOGS/worker.out")"
     [ "$SECONDS" -lt "$deadline" ] || die "the worker did not start in ${WAIT}s (see $LOGS/worker.out)"
     sleep 0.2
 done

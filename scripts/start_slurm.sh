@@ -18,60 +18,16 @@ DB_PASS=shipyard-slurm
 WAIT=${SHIPYARD_SLURM_WAIT:-90}
 HOST=$(hostname)
 
-log() { echo "[start_slurm] $*" >&2; }
-die() {
-    log "ERROR: $*"
-    exit 1
-}
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+require_root
 
-[ "$(id -u)" = 0 ] || die "must run as root"
-
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND until it succeeds or the deadline passes.
-wait_for() {
-    local secs=$1 what=$2 deadline
-    shift 2
-    deadline=$((SECONDS + secs))
-    until "$@" >/dev/null 2>&1; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            return 1
-        fi
-        sleep 0.2
-    done
-    log "$what: ok"
-}
-
-pid_alive() { # pid_alive PIDFILE: the pid file names a live slurm daemon (not a reused pid)
-    local pid
-    [ -s "$1" ] || return 1
-    pid=$(cat "$1")
-    kill -0 "$pid" 2>/dev/null || return 1
-    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
-    slurm*) return 0 ;;
-    *) return 1 ;;
-    esac
-}
+slurm_alive() { pid_alive "$1" slurm; } # slurm_alive PIDFILE: a live slurm daemon
 
 # ---------------------------------------------------------------------------------------------
 # packages
 # ---------------------------------------------------------------------------------------------
-need_install=0
-for bin in slurmctld slurmd slurmdbd sacctmgr sbatch munged mysqld_safe mariadb; do
-    command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_install=1
-done
-if [ "$need_install" = 1 ]; then
-    log "installing slurm-wlm munge mariadb-server slurmdbd"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq || log "apt-get update failed; trying the package lists already here"
-    # policy-rc.d 101: the packages must not try to start services (no init system here).
-    had_policy=0
-    [ -e /usr/sbin/policy-rc.d ] && had_policy=1
-    if [ "$had_policy" = 0 ]; then
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-        chmod +x /usr/sbin/policy-rc.d
-    fi
-    apt-get install -y -qq slurm-wlm munge mariadb-server slurmdbd >/dev/null
-    [ "$had_policy" = 0 ] && rm -f /usr/sbin/policy-rc.d
-fi
+apt_install --with-recommends slurm-wlm munge mariadb-server slurmdbd
 export PATH="$PATH:/usr/sbin:/sbin"
 
 # ---------------------------------------------------------------------------------------------
@@ -139,21 +95,6 @@ fi
 chmod 600 "$JWT_KEY"
 for n in "${NODES[@]}"; do mkdir -p "/var/spool/slurmd/$n"; done
 
-# write_if_changed FILE MODE: stdin to FILE when the content differs; prints "changed" if so.
-write_if_changed() {
-    local file=$1 mode=$2 tmp
-    tmp=$(mktemp)
-    cat >"$tmp"
-    if [ -f "$file" ] && cmp -s "$tmp" "$file"; then
-        rm -f "$tmp"
-        chmod "$mode" "$file"
-        return 0
-    fi
-    mv "$tmp" "$file"
-    chmod "$mode" "$file"
-    echo changed
-}
-
 dbd_changed=$(write_if_changed /etc/slurm/slurmdbd.conf 600 <<EOF
 # Written by shipyard scripts/start_slurm.sh
 AuthType=auth/munge
@@ -199,9 +140,10 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 # A job asking no memory gets 1000 MiB a CPU (not the whole node).
 DefMemPerCPU=1000
-# Heterogeneous jobs are started only by the backfill scheduler: run it every second.
+# Heterogeneous jobs are started only by the backfill scheduler: run it every second, planning
+# to the second (the default 60 s slots held a requeued job 15-25 s past its eligible time).
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1
+SchedulerParameters=bf_interval=1,bf_resolution=1
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 # --mem is enforced by the accounting plugin: a step whose sampled RSS passes it is killed
@@ -231,13 +173,13 @@ fi
 # ---------------------------------------------------------------------------------------------
 # slurmdbd + cluster registration
 # ---------------------------------------------------------------------------------------------
-dbd_ok() { pid_alive /run/slurmdbd.pid && sacctmgr -n -P show cluster format=cluster; }
-if pid_alive /run/slurmdbd.pid && [ -n "$dbd_changed" ]; then
+dbd_ok() { slurm_alive /run/slurmdbd.pid && sacctmgr -n -P show cluster format=cluster; }
+if slurm_alive /run/slurmdbd.pid && [ -n "$dbd_changed" ]; then
     log "slurmdbd.conf changed: restarting slurmdbd"
     kill "$(cat /run/slurmdbd.pid)"
     wait_for 30 "slurmdbd stopped" bash -c '! kill -0 $(cat /run/slurmdbd.pid) 2>/dev/null'
 fi
-if ! pid_alive /run/slurmdbd.pid; then
+if ! slurm_alive /run/slurmdbd.pid; then
     log "starting slurmdbd"
     slurmdbd </dev/null >/dev/null 2>&1
 fi
@@ -251,10 +193,10 @@ fi
 # slurmctld + three slurmd
 # ---------------------------------------------------------------------------------------------
 ctld_ok() { scontrol ping | grep -q "is UP"; }
-if pid_alive /run/slurmctld.pid && [ -n "$conf_changed" ]; then
+if slurm_alive /run/slurmctld.pid && [ -n "$conf_changed" ]; then
     log "slurm.conf changed: restarting slurmctld and the slurmd"
     for n in "${NODES[@]}"; do
-        pid_alive "/run/slurmd-$n.pid" && kill "$(cat "/run/slurmd-$n.pid")"
+        slurm_alive "/run/slurmd-$n.pid" && kill "$(cat "/run/slurmd-$n.pid")"
     done
     kill "$(cat /run/slurmctld.pid)"
     wait_for 30 "slurmctld stopped" bash -c '! kill -0 $(cat /run/slurmctld.pid) 2>/dev/null'
@@ -262,14 +204,14 @@ if pid_alive /run/slurmctld.pid && [ -n "$conf_changed" ]; then
         wait_for 30 "slurmd $n stopped" bash -c "! kill -0 \$(cat /run/slurmd-$n.pid) 2>/dev/null"
     done
 fi
-if ! pid_alive /run/slurmctld.pid; then
+if ! slurm_alive /run/slurmctld.pid; then
     log "starting slurmctld"
     slurmctld </dev/null >/dev/null 2>&1
 fi
 wait_for 60 "slurmctld" ctld_ok || die "slurmctld does not answer (see /var/log/slurm/slurmctld.log)"
 
 for n in "${NODES[@]}"; do
-    if ! pid_alive "/run/slurmd-$n.pid"; then
+    if ! slurm_alive "/run/slurmd-$n.pid"; then
         log "starting slurmd -N $n"
         slurmd -N "$n" </dev/null >/dev/null 2>&1
     fi

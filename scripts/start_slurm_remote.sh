@@ -19,46 +19,12 @@ USER_NAME=hpcuser
 SSHD_PID=/run/shipyard-sshd.pid
 REST_PID=/run/shipyard-slurmrestd.pid
 
-log() { echo "[start_slurm_remote] $*" >&2; }
-die() {
-    log "ERROR: $*"
-    exit 1
-}
-[ "$(id -u)" = 0 ] || die "must run as root"
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+require_root
 export PATH="$PATH:/usr/sbin:/sbin"
 
-wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
-    local secs=$1 what=$2 deadline
-    shift 2
-    deadline=$((SECONDS + secs))
-    until "$@" >/dev/null 2>&1; do
-        [ "$SECONDS" -lt "$deadline" ] || return 1
-        sleep 0.2
-    done
-    log "$what: ok"
-}
-
-pid_alive() { # pid_alive PIDFILE COMM: the pid file names a live process called COMM
-    local pid
-    [ -s "$1" ] || return 1
-    pid=$(cat "$1")
-    kill -0 "$pid" 2>/dev/null && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ]
-}
-
-missing=()
-for pkg in openssh-server openssh-client slurmrestd curl; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    had_policy=0
-    [ -e /usr/sbin/policy-rc.d ] && had_policy=1
-    [ "$had_policy" = 1 ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; }
-    apt-get update -qq || log "apt-get update failed; trying the package lists already here"
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    [ "$had_policy" = 1 ] || rm -f /usr/sbin/policy-rc.d
-fi
+apt_install openssh-server openssh-client slurmrestd curl
 
 # --- the login user and the keys -------------------------------------------------------------
 if ! id "$USER_NAME" >/dev/null 2>&1; then

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -50,6 +50,8 @@ class MemoryScheduler(Scheduler[dict[str, Any]]):
     failures: list[BaseException] = []
     #: status calls answered or failed so far (a batch counts once)
     status_calls = 0
+    #: called with the id of each app submitted (see :class:`Scenario`)
+    on_submit: Callable[[str], None] | None = None
 
     def __init__(self, session_name: str, **kwargs: Any) -> None:
         super().__init__("memory", session_name)
@@ -88,6 +90,9 @@ class MemoryScheduler(Scheduler[dict[str, Any]]):
                 },
             }
             _changed.notify_all()
+        hook = MemoryScheduler.on_submit  # (through the class: a plain function stays unbound)
+        if hook is not None:
+            hook(app_id)
         return app_id
 
     @classmethod
@@ -189,3 +194,59 @@ class MemoryScheduler(Scheduler[dict[str, Any]]):
 
 def create_scheduler(session_name: str, **kwargs: Any) -> MemoryScheduler:
     return MemoryScheduler(session_name, **kwargs)
+
+
+# -- the scripted scenarios every face of the watch is tested against (test_watch_faces) ------
+
+
+class Scenario:
+    """What the backend does to the next app submitted: ``hiccup`` (two status calls fail
+    transiently, then the app succeeds 0.3 s after its submit), ``outage`` (every status call
+    fails transiently; run with a retry budget of a second: see :data:`OUTAGE_BUDGET`) or
+    ``silent`` (the app prints its first lines, then nothing, and runs on)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.app_ids: list[str] = []
+
+    def __enter__(self) -> Scenario:
+        MemoryScheduler.failures.clear()
+        if self.name == "hiccup":
+            MemoryScheduler.failures[:] = [ConnectionError("engine restarting")] * 2
+        elif self.name == "outage":
+            MemoryScheduler.failures[:] = [ConnectionError("engine restarting")] * 100000
+        MemoryScheduler.on_submit = self._submitted
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        MemoryScheduler.on_submit = None
+        MemoryScheduler.failures.clear()
+
+    def _submitted(self, app_id: str) -> None:
+        self.app_ids.append(app_id)
+        if self.name == "hiccup":
+            timer = threading.Timer(0.3, MemoryScheduler.finish, (app_id, AppState.SUCCEEDED))
+            timer.daemon = True
+            timer.start()
+
+    @property
+    def state(self) -> AppState:
+        """The state of the app submitted in the scenario."""
+        state: AppState = MemoryScheduler.apps[self.app_ids[-1]]["state"]
+        return state
+
+
+#: the retry budget (seconds) the faces run the ``outage`` scenario with
+OUTAGE_BUDGET = "1"
+#: the max_silence (seconds) the faces run the ``silent`` scenario with
+SILENCE = 0.5
+
+
+def use_memory_scheduler(monkeypatch: Any) -> None:
+    """Makes ``memory`` one of the schedulers every part of Shipyard finds (the CLI's, the
+    operator's, the Prefect tasks' runners), for the test (``monkeypatch``: pytest's fixture):
+    as if a third-party package registered it under the ``shipyard.schedulers`` entry points."""
+    import core.schedulers
+
+    found = (*core.schedulers._discover(), ("memory", create_scheduler))
+    monkeypatch.setattr(core.schedulers, "_discover", lambda: found)
