@@ -1,10 +1,18 @@
-.PHONY: demo test setup services lint sizes bench
+.PHONY: demo test test-fast stress setup services lint sizes bench
 
 demo:          ## run the demo on the embedded local scheduler, Airflow's SQLite and Prefect's temporary server
 	bash scripts/demo.sh
 
 test:          ## set everything up (venv, Docker, Slurm) and run lint, types and the whole test suite
 	bash scripts/test.sh
+
+test-fast:     ## no services: lint, types and the unit tier (tests/unit: pure modules, the watch on an in-memory scheduler)
+	bash scripts/setup.sh
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy core airflow_provider prefect_tasks
+	.venv/bin/pytest tests/unit
+
+stress:        ## the stress tier alone, scaled up (SHIPYARD_STRESS_SCALE, default here 5); make test runs it at scale 1
+	SHIPYARD_STRESS_SCALE=$${SHIPYARD_STRESS_SCALE:-5} .venv/bin/pytest tests/stress -s
 
 setup:
 	bash scripts/setup.sh

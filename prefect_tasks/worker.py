@@ -501,6 +501,8 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         the jobs of the runs being cancelled (their watches then see them end)."""
         tracked = list(self._tracked.values())
         self.polls += 1
+        # (their statuses: the process's status poller, on the ticks of the same interval)
+        self._output_log.debug("poll %d: %d Shipyard jobs", self.polls, len(tracked))
         run_states = await self._flow_run_states([t.flow_run_id for t in tracked])
         for t in tracked:
             if run_states.get(t.flow_run_id) == StateType.CANCELLING and not t.cancel_requested:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts a real Apache Airflow 3.3 deployment on this host, the way a small production one runs:
 #   - PostgreSQL 15 (Debian's cluster 15/main) holding the metadata database `shipyard_airflow`
-#   - LocalExecutor, the repository's dags/ (and the deployment tests' tests/deploy/dags/) as
+#   - LocalExecutor, the repository's dags/ (and the deployment tests' tests/deploy/airflow/dags/) as
 #     DAG bundles
 #   - `airflow scheduler`, `airflow dag-processor`, `airflow triggerer` and `airflow api-server`
 #     (on 127.0.0.1:$SHIPYARD_AIRFLOW_PORT, default 28080) as separate background processes
@@ -116,7 +116,7 @@ printf '{"admin": "%s"}\n' "$(cat "$AHOME/admin_password")" >"$AHOME/passwords.j
 mv "$AHOME/passwords.json.new" "$AHOME/passwords.json"
 
 # --- configuration ---------------------------------------------------------------------------
-bundles=$(printf '[{"name": "shipyard-examples", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": "%s/dags", "refresh_interval": 5}}, {"name": "shipyard-deploy-tests", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": "%s/tests/deploy/dags", "refresh_interval": 5}}]' "$REPO" "$REPO")
+bundles=$(printf '[{"name": "shipyard-examples", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": "%s/dags", "refresh_interval": 5}}, {"name": "shipyard-deploy-tests", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {"path": "%s/tests/deploy/airflow/dags", "refresh_interval": 5}}]' "$REPO" "$REPO")
 cat >"$AHOME/airflow.cfg.new" <<EOF
 # written by scripts/start_airflow.sh (mode 600: it holds the database password and keys)
 [core]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,15 @@ from tests.services import docker_problem, require, slurm_problem
 # Local apps of the test run keep their state in a directory of their own.
 _STATE = tempfile.mkdtemp(prefix="shipyard-test-state-")
 os.environ.setdefault("SHIPYARD_STATE_DIR", _STATE)
+
+
+@pytest.fixture
+def runner() -> Iterator[Any]:
+    """A runner of the default session, closed after the test."""
+    from core.runner import get_runner
+
+    with get_runner() as r:
+        yield r
 
 
 @pytest.fixture(scope="session")

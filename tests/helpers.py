@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def wait_until(
     predicate: Callable[[], Any],
-    timeout: float = 30.0,
+    timeout: float = 90.0,
     what: str = "condition",
     max_delay: float = 0.2,
 ) -> Any:

@@ -18,10 +18,10 @@ import pytest
 from core.runner import get_runner
 from core.schedulers.api import Stream
 from core.specs import AppState, AppStatus, is_terminal, parse_app_handle
+from tests.helpers import ROOT
 from tests.stress import local_load as L
 from tests.stress.conftest import scaled
 
-ROOT = Path(__file__).resolve().parents[2]
 N_APPS = scaled(500)
 THREADS = 16
 PROCESSES = 4

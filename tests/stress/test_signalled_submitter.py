@@ -33,14 +33,13 @@ import pytest
 
 from core.schedulers.local_scheduler import create_cwd_scheduler
 from core.specs import AppState
-from tests.helpers import live_processes, wait_until
+from tests.helpers import ROOT, live_processes, wait_until
 from tests.stress.conftest import scaled
 
-ROOT = Path(__file__).resolve().parents[2]
 GRACE = 1.0
 #: how much longer than on a quiet machine an exit may take with the burners on
 LOAD_FACTOR = 4.0
-RUNS_PER_MOMENT = scaled(8)
+RUNS_PER_MOMENT = scaled(3)
 
 VICTIM = r"""
 import faulthandler, signal, sys, time

@@ -1,7 +1,7 @@
 """Slurm under load: 100 jobs queued at once (single and heterogeneous), described from 8 threads
 while they wait and run. No submit fails, describe is never wrong (never unknown, never going
 backwards, the right final state and exit codes) and polling all of them costs one ``squeue``
-(plus at most one ``sacct``) per poll. (Concurrent Prefect waits: tests/core/test_faults_integrations.py,
+(plus at most one ``sacct``) per poll. (Concurrent Prefect waits: tests/integration/test_faults_integrations.py,
 which shares a Prefect server.)"""
 
 from __future__ import annotations

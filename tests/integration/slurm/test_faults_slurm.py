@@ -1,0 +1,278 @@
+"""slurmctld restarted while jobs are queued and running: describe never lies during the outage
+and reports the right states afterwards.
+
+The test runs a private two-node Slurm cluster of its own (its own slurm.conf, ports, state and
+spool directories; ``SLURM_CONF`` points the CLI at it; no accounting), started and stopped by
+the test by pid, so the cluster the other tests use is never touched. Slurm keeps the jobs in
+its state save location, so a restarted controller knows them again; the running job's steps
+keep running under their slurmd meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.runner import Runner, get_runner
+from core.schedulers.api import Stream
+from core.specs import AppDef, AppState, Role, is_terminal
+from tests.helpers import wait_until
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` consecutive free TCP ports."""
+    for base in range(17200, 17900, 10):
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("0.0.0.0", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return list(range(base, base + n))
+    raise RuntimeError("no free ports")
+
+
+class PrivateSlurm:
+    """A controller and two slurmd of the test's own."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        ctld, n1, n2 = _free_ports(3)
+        host = socket.gethostname()
+        self.conf = root / "slurm.conf"
+        (root / "state").mkdir()
+        for n in ("fnode1", "fnode2"):
+            (root / "spool" / n).mkdir(parents=True)
+        self.conf.write_text(
+            f"""\
+ClusterName=syfault{os.getpid()}
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld}
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd-%n.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+MailProg=/bin/true
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+SlurmctldTimeout=30
+SlurmdTimeout=60
+InactiveLimit=0
+KillWait=5
+MinJobAge=600
+NodeName=fnode[1-2] NodeHostname={host} NodeAddr=127.0.0.1 Port={n1}-{n2} CPUs=2 RealMemory=2000 State=UNKNOWN
+PartitionName=fault Nodes=fnode[1-2] Default=YES MaxTime=INFINITE State=UP
+"""
+        )
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.ctld: subprocess.Popen[bytes] | None = None
+        self.slurmds: list[subprocess.Popen[bytes]] = []
+
+    def _daemon(self, *cmd: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [*cmd, "-D", "-f", str(self.conf)], env=self.env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def _idle(self) -> bool:
+        p = subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env, capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+        states = p.stdout.split()
+        return (
+            p.returncode == 0
+            and len(states) > 0
+            and all(s.rstrip("*").startswith(("idle", "alloc", "mix")) for s in states)
+        )
+
+    def start_controller(self) -> None:
+        self.ctld = self._daemon("slurmctld")
+        wait_until(
+            lambda: (
+                subprocess.run(
+                    ["scontrol", "ping"], env=self.env, capture_output=True, timeout=30
+                ).returncode
+                == 0
+            ),  # fmt: skip
+            60,
+            "the private slurmctld to answer",
+        )
+
+    def stop_controller(self) -> None:
+        assert self.ctld is not None
+        self.ctld.send_signal(signal.SIGTERM)
+        self.ctld.wait(timeout=60)
+        self.ctld = None
+
+    def start(self) -> None:
+        self.start_controller()
+        self.slurmds = [self._daemon("slurmd", "-N", n) for n in ("fnode1", "fnode2")]
+        wait_until(self._idle, 90, "the private nodes to be idle")
+
+    def stop(self) -> None:
+        """Cancels every job (with a controller, started again if needed), then stops the
+        daemons; job processes that outlived them (slurmstepd does) are killed by pid."""
+        try:
+            if self.ctld is None:
+                self.start_controller()
+            subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, capture_output=True)
+            wait_until(lambda: not self._jobs_running(), 60, "the private jobs to end")
+        except (AssertionError, OSError, subprocess.SubprocessError):
+            pass
+        daemons = [*self.slurmds, *([self.ctld] if self.ctld else [])]
+        for p in daemons:
+            p.send_signal(signal.SIGTERM)
+        for p in daemons:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for pid in self._our_processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _jobs_running(self) -> bool:
+        p = subprocess.run(["squeue", "-h", "-t", "R,CG,PD"], env=self.env, capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+        return p.returncode != 0 or bool(p.stdout.strip())
+
+    def _our_processes(self) -> list[int]:
+        """Live processes whose environment points at this cluster's slurm.conf."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        found.append(int(d))
+            except OSError:
+                continue
+        return found
+
+
+@pytest.fixture
+def cluster(slurm_cluster: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[PrivateSlurm]:
+    if os.geteuid() != 0 or not shutil.which("slurmctld"):
+        pytest.skip("a private Slurm cluster needs root and slurmctld/slurmd")
+    root = Path(tempfile.mkdtemp(prefix="sy-slurm-", dir="/tmp"))
+    c = PrivateSlurm(root)
+    c.start()
+    monkeypatch.setenv("SLURM_CONF", str(c.conf))
+    try:
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def runner(
+    cluster: PrivateSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Runner]:
+    monkeypatch.chdir(tmp_path)  # job logs land here
+    with get_runner("sfault") as r:
+        yield r
+
+
+def _job_id(handle: str) -> str:
+    return handle.rsplit("/", 1)[1]
+
+
+def test_slurmctld_restart_with_jobs_queued_running_and_done(
+    cluster: PrivateSlurm, runner: Runner, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    wait_go = f'echo "up $SHIPYARD_REPLICA_ID"; while [ ! -e {go} ]; do sleep 0.1; done; echo bye'
+    done = runner.run(AppDef("done", [Role("w", entrypoint="/bin/echo", args=["hi"])]), "slurm")
+    running = runner.run(
+        AppDef("running", [Role("w", entrypoint="/bin/sh", args=["-c", wait_go], num_replicas=2)]),
+        "slurm",
+    )
+    queued = runner.run(
+        AppDef("queued", [Role("w", entrypoint="/bin/sh", args=["-c", "exit 4"])]), "slurm"
+    )
+    # the queued job is held: it stays PENDING through the restart
+    subprocess.run(["scontrol", "hold", _job_id(queued)], env=cluster.env, check=True,
+                   capture_output=True)  # fmt: skip
+
+    def state(h: str) -> AppState | None:
+        st = runner.status(h)
+        return None if st is None else st.state
+
+    wait_until(lambda: state(done) == AppState.SUCCEEDED, what="done to succeed")
+    wait_until(lambda: state(running) == AppState.RUNNING, what="running to run")
+    wait_until(
+        lambda: all(list(runner.log_lines(running, "w", k)) for k in (0, 1)), what="running up"
+    )
+    assert state(queued) == AppState.PENDING
+
+    cluster.stop_controller()
+    # controller down: each describe errs or tells the truth; never "no such job", never a
+    # final state the job did not reach
+    # (checked at the end, so that the recovery is checked too)
+    outage: list[str] = []
+    truth = {done: {AppState.SUCCEEDED}, running: {AppState.RUNNING}, queued: {AppState.PENDING}}
+    try:  # (one squeue for all three: it takes ~20s to give up on the controller)
+        during = runner.status_many(list(truth))
+    except Exception:
+        during = {}  # an error is an honest answer while the controller is away
+    for h, allowed in truth.items():
+        if h not in during:
+            continue
+        st = during[h]
+        if st is None:
+            outage.append(f"{h}: described as unknown (no such job) while slurmctld was down")
+        elif st.state not in allowed:
+            outage.append(f"{h}: described {st.state.name} while slurmctld was down")
+    cluster.start_controller()
+
+    # afterwards: every job as it really is
+    assert state(done) == AppState.SUCCEEDED
+    assert wait_until(lambda: state(running), what="running to be known") == AppState.RUNNING
+    assert state(queued) == AppState.PENDING
+    go.touch()
+    subprocess.run(["scontrol", "release", _job_id(queued)], env=cluster.env, check=True,
+                   capture_output=True)  # fmt: skip
+
+    def final(h: str) -> Any:
+        st = runner.status(h)
+        return st if st is not None and is_terminal(st.state) else None
+
+    st_run = wait_until(lambda: final(running), what="running to end")
+    st_q = wait_until(lambda: final(queued), what="queued to end")
+    assert st_run.state == AppState.SUCCEEDED and st_run.exit_codes() == {"w": [0, 0]}
+    assert st_q.state == AppState.FAILED and st_q.exit_codes() == {"w": [4]}
+    for k in (0, 1):
+        out = list(runner.log_lines(running, "w", k, streams=Stream.STDOUT))
+        assert out == [f"up {k}\n", "bye\n"], out
+    assert not outage, outage
