@@ -30,7 +30,7 @@ from tests.deploy.prefect.prefect_api import (
     start_run,
     worker_log,
 )
-from tests.helpers import wait_until
+from tests.helpers import pid_alive, wait_until
 from tests.services import (
     REMOTE_DIR,
     docker_problem,
@@ -60,14 +60,6 @@ def wait_job_final(runner: Any, handle: str) -> AppState:
         120,
         f"{handle} to end",
     )
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def run_hello(prefect_api: str, job_variables: dict[str, Any]) -> tuple[FlowRun, str]:

@@ -22,19 +22,9 @@ import pytest
 from core.runner import Runner, get_runner
 from core.schedulers.api import Stream
 from core.specs import AppDef, AppState, Role, is_terminal, parse_app_handle
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, pid_alive, wait_until
 
 SHIPYARD = str(Path(sys.executable).with_name("shipyard"))
-
-
-def alive(pid: int) -> bool:
-    """True if ``pid`` runs (a zombie nobody reaped yet counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def procs_with(token: str) -> list[int]:
@@ -48,7 +38,7 @@ def procs_with(token: str) -> list[int]:
                 cmd = f.read()
         except OSError:
             continue
-        if token.encode() in cmd and alive(int(d)):
+        if token.encode() in cmd and pid_alive(int(d)):
             found.append(int(d))
     return found
 
@@ -153,7 +143,7 @@ def _submitter_sigkilled(
 
     pids = {name: [int(p.read_text()) for p in ps] for name, ps in starts.items()}
     # the apps outlived their submitter and are RUNNING to a runner in another process
-    assert all(alive(pid) for ps in pids.values() for pid in ps)
+    assert all(pid_alive(pid) for ps in pids.values() for pid in ps)
     for handle in handles.values():
         st = runner.status(handle)
         assert st is not None and st.state == AppState.RUNNING, (handle, st)
@@ -164,7 +154,9 @@ def _submitter_sigkilled(
         capture_output=True, text=True, timeout=90,
     )  # fmt: skip
     assert c.returncode == 0 and c.stdout.strip() == f"{handles['cancel']} CANCELLED", c
-    wait_until(lambda: not any(alive(p) for p in pids["cancel"]), what="cancelled replicas gone")
+    wait_until(
+        lambda: not any(pid_alive(p) for p in pids["cancel"]), what="cancelled replicas gone"
+    )
 
     # let the others finish: right final states, exit codes and complete logs
     (tmp_path / "go").touch()
@@ -216,7 +208,7 @@ def test_replica_killed_by_an_outside_signal_fails_the_app_naming_the_signal(
     assert f"w/1 was killed by signal {sig.value} ({sig.name})" in st.msg  # type: ignore[attr-defined]
     # the other replica was terminated with it (gang), nothing is left running
     assert replicas[0].state != AppState.SUCCEEDED
-    wait_until(lambda: not any(alive(p) for p in pids), what="replicas gone")
+    wait_until(lambda: not any(pid_alive(p) for p in pids), what="replicas gone")
 
 
 def test_replica_wrapper_sigkilled_app_ends_and_nothing_is_left(
@@ -234,7 +226,7 @@ def test_replica_wrapper_sigkilled_app_ends_and_nothing_is_left(
     os.kill(wrapper, signal.SIGKILL)
     st = wait_final(runner, handle)
     assert st.state == AppState.FAILED, st  # type: ignore[attr-defined]
-    wait_until(lambda: not alive(replica), what="the orphaned replica to be terminated")
+    wait_until(lambda: not pid_alive(replica), what="the orphaned replica to be terminated")
 
 
 # --------------------------------------------------------------------------------------------

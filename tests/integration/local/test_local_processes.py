@@ -17,35 +17,11 @@ from pathlib import Path
 import pytest
 
 from core.schedulers.api import Stream
-from core.schedulers.local.processes import proc_stat
 from core.schedulers.local_scheduler import LocalScheduler, create_cwd_scheduler, state_dir
 from core.specs import AppDef, AppState, Role, is_terminal
-from tests.helpers import ROOT, wait_until
+from tests.helpers import PROCESS_TREE, ROOT, live_processes, pid_alive, wait_until
 
 PY = sys.executable
-
-
-def live_processes(marker: str) -> list[tuple[int, str]]:
-    """Processes (not zombies) whose command line contains ``marker``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        st = proc_stat(int(name))
-        if st is None or st[0] in ("Z", "X"):
-            continue
-        try:
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmd:
-            found.append((int(name), cmd))
-    return found
-
-
-def pid_alive(pid: int) -> bool:
-    st = proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
 
 
 def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -198,20 +174,7 @@ def test_exit_codes_are_recorded_after_the_submitter_exited(sched: LocalSchedule
     assert states == [AppState.FAILED if c > 0 else AppState.CANCELLED for c in codes]
 
 
-TREE = """
-import os, subprocess, sys, time
-marker = sys.argv[1]
-sleeper = [sys.executable, "-c", "import time; time.sleep(1000)", marker]
-kids = [
-    subprocess.Popen(sleeper),
-    subprocess.Popen(sleeper, process_group=0),
-    subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done", marker]),
-]
-with open(sys.argv[2] + ".tmp", "w") as f:
-    f.write(" ".join(str(k.pid) for k in kids))
-os.replace(sys.argv[2] + ".tmp", sys.argv[2])
-time.sleep(1000)
-"""
+TREE = PROCESS_TREE
 
 
 def tree_app(marker: str, pids_file: Path, n: int = 2) -> AppDef:
@@ -273,7 +236,8 @@ def test_cancel_from_several_threads(sched: LocalScheduler) -> None:
 
 
 SUBMIT_AND_WAIT = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # (the test's view of a hang)
 from pathlib import Path
 from core.schedulers.local_scheduler import create_cwd_scheduler
 from core.specs import AppDef, Role
@@ -302,7 +266,15 @@ def test_signalled_submitter_leaves_nothing_behind(tmp_path: Path, sig: signal.S
         wait_until(lambda: all(f.exists() for f in files), what="grandchildren")
         pids = [int(p) for f in files for p in f.read_text().split()]
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # every thread's stack to its stderr
+            time.sleep(1.0)
+            proc.kill()
+            pytest.fail(f"no exit 60 s after {sig.name}:\n{proc.communicate()[1][-6000:]}")
+        # (an exited submitter whose pipes stay open: a process it left holds them)
+        _, err = proc.communicate(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()

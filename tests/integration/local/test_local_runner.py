@@ -20,7 +20,7 @@ def test_run_wait_and_logs(runner: Runner) -> None:
     )
     handle = runner.run(app, "local_cwd")
     parsed = parse_app_handle(handle)
-    assert (parsed.scheduler_backend, parsed.session_name) == ("local_cwd", "runner-test")
+    assert (parsed.scheduler_backend, parsed.session_name) == ("local_cwd", "shipyard")
     status = runner.wait(handle, wait_interval=0.05, timeout=30)
     assert status is not None and status.state == AppState.SUCCEEDED
     assert status.exit_codes() == {"a": [0, 0], "b": [0]}
@@ -69,7 +69,7 @@ def test_idempotency_key_reattaches(runner: Runner) -> None:
     first = runner.run(app, "local_cwd", idempotency_key=key)
     try:
         # a retried task in another process: a fresh runner finds the same app
-        with get_runner("runner-test") as other:
+        with get_runner() as other:
             assert other.run(app, "local_cwd", idempotency_key=key) == first
             assert other.find("local_cwd", key) == first
         second = runner.run(app, "local_cwd", idempotency_key=key + "-other")

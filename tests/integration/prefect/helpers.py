@@ -9,7 +9,7 @@ from typing import Any
 
 from core.runner import get_runner
 from core.specs import AppDef, AppState, Role
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, pid_alive, wait_until
 
 #: how long a condition may take before a test fails (generous: 2 shared cores)
 DEADLINE = 60.0
@@ -88,14 +88,6 @@ def apps_named(name: str, scheduler: str = "local_cwd") -> list[str]:
         return [a.app_handle for a in runner.list(scheduler) if a.app_id.startswith(f"{name}-")]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 def started_pids(pid_dir: Path, count: int = 3) -> list[int]:
     """Waits until ``count`` replicas wrote their pid; returns the pids."""
 
@@ -121,7 +113,7 @@ def assert_no_running_job(name: str, pids: list[int], scheduler: str = "local_cw
                 f"{handle} to end",
             )
             assert status.state == AppState.CANCELLED, status
-    wait_until(lambda: not any(_pid_alive(p) for p in pids), DEADLINE, f"processes {pids} to exit")
+    wait_until(lambda: not any(pid_alive(p) for p in pids), DEADLINE, f"processes {pids} to exit")
 
 
 def job_env(prefect_server: str) -> dict[str, str]:
