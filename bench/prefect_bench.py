@@ -218,6 +218,7 @@ class BenchWorker:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_WORKER_QUERY_SECONDS": "2",
             "SHIPYARD_STATE_DIR": str(root / "state"),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # (the bench's own tree)
             "PREFECT_LOGGING_LOGGERS_PREFECT_WORKERS_LEVEL": "DEBUG",
             "PREFECT_LOGGING_FORMATTERS_STANDARD_FORMAT": (
                 "%(created).6f | %(levelname)-7s | %(name)s - %(message)s"

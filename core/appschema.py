@@ -11,7 +11,6 @@ models give the JSON Schema of app files (:func:`json_schema`, ``shipyard schema
 from __future__ import annotations
 
 import re
-import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
@@ -30,6 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from core.errors import short_repr
 from core.specs import (
     ENV_KEY_PATTERN,
     MAX_REPLICAS,
@@ -55,22 +55,6 @@ __all__ = [
 
 #: the ``type`` of the errors this module words itself (pydantic's own ones are reworded)
 ERROR_TYPE = "shipyard"
-
-#: the longest value quoted in an error message
-MAX_QUOTED = 100
-_repr = reprlib.Repr()  # (keyword arguments only from Python 3.12)
-_repr.maxlevel = 2
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
-_repr.maxstring = _repr.maxother = MAX_QUOTED
-
-
-def short_repr(value: Any) -> str:
-    """``repr(value)``, shortened for an error message (long strings, deep or big containers)."""
-    try:
-        text = _repr.repr(value)
-    except Exception:  # a repr that fails (or recurses) says nothing useful anyway
-        return f"<{type(value).__name__}>"
-    return text if len(text) <= MAX_QUOTED else f"{text[: MAX_QUOTED - 3]}..."
 
 
 def _error(message: str, sub: str = "", **context: Any) -> PydanticCustomError:
@@ -202,6 +186,8 @@ def _mount_to_str(value: Any) -> Any:
     # joined into one option string: a comma in a value would start another option (or
     # another mount), so a value cannot contain one
     for k, v in value.items():
+        if not isinstance(k, str):
+            raise _error("expected option names (strings), got {got}", got=short_repr(k))
         if isinstance(v, str) and "," in v:
             raise _error("expected a value without ',', got {got}", sub=f".{k}", got=short_repr(v))
     return ",".join(k if v is True else f"{k}={v}" for k, v in value.items() if v is not False)

@@ -15,6 +15,7 @@ Nothing here imports anything of Shipyard's.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "JobCancelledError",
     "JobSilentError",
     "ShipyardError",
+    "short_repr",
 ]
 
 
@@ -67,3 +69,20 @@ class JobCancelledError(ShipyardError, RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.handle, self.reason))
+
+
+#: the longest value quoted in an error message
+MAX_QUOTED = 100
+_repr = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_repr.maxlevel = 2
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
+_repr.maxstring = _repr.maxother = MAX_QUOTED
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, shortened for an error message (long strings, deep or big containers)."""
+    try:
+        text = _repr.repr(value)
+    except Exception:  # a repr that fails (or recurses) says nothing useful anyway
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= MAX_QUOTED else f"{text[: MAX_QUOTED - 3]}..."

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from core.errors import short_repr
+
 __all__ = ["BindMount", "DeviceMount", "Mount", "VolumeMount", "parse_mounts"]
 
 
@@ -55,7 +57,7 @@ def _mount_tokens(opts: Iterable[str]) -> list[list[str]]:
                 groups.append([token])
             elif not groups:
                 raise ValueError(
-                    f"mounts: each mount must start with type=bind|volume|device, got {token!r}"
+                    f"mounts: each mount must start with type=bind|volume|device, got {short_repr(token)}"
                 )
             else:
                 groups[-1].append(token)
@@ -83,11 +85,13 @@ def parse_mounts(opts: Iterable[str] | str) -> list[Mount]:
             key = key.strip().lower()
             if key in ("readonly", "ro"):
                 if sep and val.lower() not in ("true", "1", "yes", "false", "0", "no"):
-                    raise ValueError(f"{where}.readonly: expected true/false, got {val!r}")
+                    raise ValueError(
+                        f"{where}.readonly: expected true/false, got {short_repr(val)}"
+                    )
                 kv["readonly"] = "false" if sep and val.lower() in ("false", "0", "no") else "true"
                 continue
             if not sep:
-                raise ValueError(f"{where}: expected key=value, got {token!r}")
+                raise ValueError(f"{where}: expected key=value, got {short_repr(token)}")
             key = {
                 "source": "src",
                 "destination": "dst",
@@ -96,20 +100,24 @@ def parse_mounts(opts: Iterable[str] | str) -> list[Mount]:
             }.get(key, key)
             if key not in ("type", "src", "dst", "permissions"):
                 raise ValueError(
-                    f"{where}: unknown key {key!r}; expected type, src, dst, readonly, permissions"
+                    f"{where}: unknown key {short_repr(key)}; expected type, src, dst, readonly, permissions"
                 )
             kv[key] = val
         kind = kv["type"]
         read_only = kv.get("readonly") == "true"
         if kind not in ("bind", "volume", "device"):
-            raise ValueError(f"{where}.type: expected bind, volume or device, got {kind!r}")
+            raise ValueError(
+                f"{where}.type: expected bind, volume or device, got {short_repr(kind)}"
+            )
         src = kv.get("src")
         if not src:
             raise ValueError(f"{where}.src: required for type={kind}")
         if kind == "device":
             perm = kv.get("permissions", "rwm")
             if not perm or set(perm) - set("rwm"):
-                raise ValueError(f"{where}.permissions: expected letters of 'rwm', got {perm!r}")
+                raise ValueError(
+                    f"{where}.permissions: expected letters of 'rwm', got {short_repr(perm)}"
+                )
             mounts.append(
                 DeviceMount(src_path=src, dst_path=kv.get("dst") or src, permissions=perm)
             )

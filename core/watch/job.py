@@ -38,7 +38,7 @@ from core.reports import fill_usage, with_usage
 from core.specs import AppHandle, AppStatus
 from core.watch.cursors import CursorStore, MemoryCursorStore
 from core.watch.follow import DRAIN_TIMEOUT, END, LogCursor, LogFollower, LogLine, lines_after
-from core.watch.polling import FIRST_DELAY, Logger, StatusWatch, status_poller
+from core.watch.polling import FIRST_DELAY, Logger, OwnWatch, StatusWatch, status_poller
 from core.watch.silence import SilenceWatch
 from core.watch.source import JobSource
 
@@ -118,8 +118,9 @@ class JobWatch:
         handle: the app
         poll_interval: seconds between status polls (after the first ones, at ``first_delay``
             doubling)
-        shared: poll through the process's shared poller runner, batched with every other app
-            (False: through ``source``, e.g. one whose scheduler knows the app from memory)
+        shared: poll through the process's status poller, batched with every other app (False:
+            this watch polls through ``source`` itself, in its own loop: for a waiter alone with
+            its app, e.g. ``Runner.wait``, whose scheduler may know the app from memory)
         until: ends the watch at a status it accepts (default: a final one)
         timeout: seconds to wait at most; then :class:`TimeoutError` (after cancelling the job
             if ``cancel_on_timeout``)
@@ -308,15 +309,7 @@ class JobWatch:
                 self.logger.info(
                     "resuming the logs of %s after %d lines", self.handle, self.cursor.total
                 )
-        watch = status_poller().watch(
-            self.handle,
-            self.source,
-            self.poll_interval,
-            logger=self.logger,
-            first_delay=self.first_delay,
-            budget=self.budget,
-            shared=self.shared,
-        )
+        watch = self._status_watch()
         watch.add_listener(lambda: hand_over(_WAKE))
         try:
             try:
@@ -331,14 +324,38 @@ class JobWatch:
             if self._follower is not None:
                 self._follower.stop()
 
+    def _status_watch(self) -> StatusWatch | OwnWatch:
+        """The app's statuses: from the process's poller (batched with every other app), or,
+        not ``shared``, polled by this watch itself in its own loop (no thread hand-off)."""
+        if not self.shared:
+            return OwnWatch(
+                self.handle,
+                self.source,
+                self.poll_interval,
+                logger=self.logger,
+                first_delay=self.first_delay,
+                budget=self.budget,
+            )
+        return status_poller().watch(
+            self.handle,
+            self.source,
+            self.poll_interval,
+            logger=self.logger,
+            first_delay=self.first_delay,
+            budget=self.budget,
+        )
+
     def _follow(
-        self, watch: StatusWatch, hand_over: Callable[[Any], None]
+        self, watch: StatusWatch | OwnWatch, hand_over: Callable[[Any], None]
     ) -> Generator[_Effect, Any, AppStatus | None]:
         """Waits until the app ends (or ``until`` accepts its status); returns the status."""
         started = time.monotonic()
         deadline = math.inf if self.timeout is None else started + self.timeout
         next_stop_check = started
         while True:
+            due = watch.due_in()
+            if due is not None and due <= 0:
+                yield _Call(watch.poll)  # type: ignore[union-attr]
             fresh, status = watch.take()  # (raises past the budget, or a non-transient error)
             if fresh:
                 self.status = status
@@ -365,6 +382,9 @@ class JobWatch:
                     yield _Call(self._cancel_quietly, reason)
                     raise JobCancelledError(self.handle, reason)
             wait = min(self.poll_interval, deadline - now)
+            due = watch.due_in()
+            if due is not None:
+                wait = min(wait, max(due, 0.0))
             if self.should_stop is not None:
                 wait = min(wait, max(next_stop_check - now, 0.0))
             items = yield _Wait(wait)

@@ -31,7 +31,7 @@ from core.watch.source import JobSource
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FIRST_DELAY", "StatusPoller", "StatusWatch", "Logger", "status_poller"]
+__all__ = ["FIRST_DELAY", "Logger", "OwnWatch", "StatusPoller", "StatusWatch", "status_poller"]
 
 #: first delay between two polls of a newly watched app (then doubling to its interval)
 FIRST_DELAY = 0.05
@@ -99,17 +99,11 @@ class StatusWatch:
         if got is None or got[0] <= self._taken:
             return False, None
         self._taken, outcome = got
-        if not isinstance(outcome, _Failing):
-            return True, outcome
-        if not is_transient(outcome.error):
-            raise outcome.error
-        failing_for = time.monotonic() - max(outcome.since, self.started)
-        if failing_for >= self.budget:
-            raise BackendUnavailableError(
-                f"status of {self.handle}: the backend kept failing for {failing_for:.0f}s"
-                f" ({outcome.tries} tries): {outcome.error}"
-            ) from outcome.error
-        return False, None
+        return _answer(self.handle, outcome, self.started, self.budget)
+
+    def due_in(self) -> float | None:
+        """Seconds until the watch must poll itself: never (None), the poller does."""
+        return None
 
     def wait(self, timeout: float) -> None:
         """Blocks until a round newer than the last one taken came, or ``timeout`` passed."""
@@ -170,7 +164,6 @@ class StatusPoller:
         logger: Logger | None = None,
         first_delay: float = FIRST_DELAY,
         budget: float | None = None,
-        shared: bool = True,
     ) -> StatusWatch:
         """Starts watching ``handle`` every ``poll_interval`` seconds (polled at once first,
         then after ``first_delay``, doubling).
@@ -178,15 +171,14 @@ class StatusPoller:
         ``logger`` hears of failed polls being retried (default: this module's logger);
         ``budget`` is how many seconds of such failures the watch takes before it raises
         (default: :func:`core.transient.retry_budget`). ``runner`` is the caller's: when it
-        :attr:`~core.watch.source.JobSource.uses_defaults` and ``shared``, the poller's own
-        runner asks, batched with every other app; otherwise the app is polled through it (a
-        runner made for a remote Docker engine; or one whose scheduler knows the app from
-        memory), and the caller keeps it open while it watches.
+        :attr:`~core.watch.source.JobSource.uses_defaults`, the poller's own runner asks,
+        batched with every other app; otherwise the app is polled through it (e.g. a runner
+        made for a remote Docker engine), and the caller keeps it open while it watches.
         """
         if poll_interval <= 0:
             raise ValueError(f"poll_interval: expected a positive number, got {poll_interval!r}")
         theirs: JobSource | None = runner
-        if runner.uses_defaults and shared:
+        if runner.uses_defaults:
             theirs = None
             if self._runner_factory is None:
                 self._runner_factory = runner.sibling
@@ -292,41 +284,112 @@ class StatusPoller:
                 if polled is None:
                     continue  # unwatched meanwhile
                 polled.rounds += 1
-                polled.outcome = self._settle(polled, handle, outcome, now)
+                polled.outcome = _settle(polled, handle, outcome, now)
                 for w in polled.watches:
                     listeners.extend(w._listeners)
             self.lock.notify_all()
         for listener in listeners:
             listener()
 
-    @staticmethod
-    def _settle(polled: _Polled, handle: AppHandle, outcome: Any, now: float) -> Any:
-        """Schedules the app's next poll; returns what its watchers get: the status, or a
-        :class:`_Failing` (a transient one is retried with backoff)."""
-        if not isinstance(outcome, BaseException):
-            polled.failing_since, polled.failures = None, 0
-            interval = polled.interval
-            if polled.delay < interval:
-                polled.next_at = now + polled.delay
-                polled.delay = min(polled.delay * 2, interval)
-            else:
-                polled.next_at = (now // interval + 1) * interval
-            return outcome
-        if polled.failing_since is None:
-            polled.failing_since = now
-        polled.failures += 1
-        pause = backoff(polled.failures) if is_transient(outcome) else polled.interval
-        polled.next_at = now + pause
-        if is_transient(outcome):
-            for logger in {id(w.logger): w.logger for w in polled.watches}.values():
-                logger.warning(
-                    "reading the status of %s failed (try %d, again in %.1fs): %s",
-                    handle,
-                    polled.failures,
-                    pause,
-                    outcome,
-                )
-        return _Failing(outcome, polled.failing_since, polled.failures)
+
+def _settle(polled: _Polled, handle: AppHandle, outcome: Any, now: float) -> Any:
+    """Schedules the app's next poll; returns what its watchers get: the status, or a
+    :class:`_Failing` (a transient one is retried with backoff)."""
+    if not isinstance(outcome, BaseException):
+        polled.failing_since, polled.failures = None, 0
+        interval = polled.interval
+        if polled.delay < interval:
+            polled.next_at = now + polled.delay
+            polled.delay = min(polled.delay * 2, interval)
+        else:
+            polled.next_at = (now // interval + 1) * interval
+        return outcome
+    if polled.failing_since is None:
+        polled.failing_since = now
+    polled.failures += 1
+    pause = backoff(polled.failures) if is_transient(outcome) else polled.interval
+    polled.next_at = now + pause
+    if is_transient(outcome):
+        for logger in {id(w.logger): w.logger for w in polled.watches}.values():
+            logger.warning(
+                "reading the status of %s failed (try %d, again in %.1fs): %s",
+                handle,
+                polled.failures,
+                pause,
+                outcome,
+            )
+    return _Failing(outcome, polled.failing_since, polled.failures)
+
+
+def _answer(
+    handle: AppHandle, outcome: Any, started: float, budget: float
+) -> tuple[bool, AppStatus | None]:
+    """What a watch that started at ``started`` makes of a round's ``outcome``: ``(True, status)``,
+    or ``(False, None)`` for a transient failure within its ``budget``; raises past it, or for
+    any other error."""
+    if not isinstance(outcome, _Failing):
+        return True, outcome
+    if not is_transient(outcome.error):
+        raise outcome.error
+    failing_for = time.monotonic() - max(outcome.since, started)
+    if failing_for >= budget:
+        raise BackendUnavailableError(
+            f"status of {handle}: the backend kept failing for {failing_for:.0f}s"
+            f" ({outcome.tries} tries): {outcome.error}"
+        ) from outcome.error
+    return False, None
+
+
+class OwnWatch:
+    """A watch that polls its app itself, through its waiter's runner, when the waiter asks
+    (:meth:`due_in`, :meth:`poll`): no thread and no hand-off, for a waiter alone with its app
+    (``Runner.wait``, the CLI). Same schedule, retries and budget as the poller's watches."""
+
+    def __init__(
+        self,
+        handle: AppHandle,
+        runner: JobSource,
+        poll_interval: float,
+        *,
+        logger: Logger | None = None,
+        first_delay: float = FIRST_DELAY,
+        budget: float | None = None,
+    ) -> None:
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval: expected a positive number, got {poll_interval!r}")
+        self.handle, self.runner = handle, runner
+        self.poll_interval = float(poll_interval)
+        self.logger = logger or log
+        self.budget = retry_budget() if budget is None else budget
+        self.started = time.monotonic()
+        self._polled = _Polled(watches=[self])  # type: ignore[list-item]
+        self._polled.delay = min(first_delay, self.poll_interval)
+        self._taken = 0
+
+    def due_in(self) -> float:
+        """Seconds until the next poll is due (0 or less: now)."""
+        return self._polled.next_at - time.monotonic()
+
+    def poll(self) -> None:
+        """Reads the app's status now (a blocking call to the backend)."""
+        outcome = _one(self.runner, self.handle)
+        polled = self._polled
+        polled.rounds += 1
+        polled.outcome = _settle(polled, self.handle, outcome, time.monotonic())
+
+    def take(self) -> tuple[bool, AppStatus | None]:
+        """As :meth:`StatusWatch.take`."""
+        polled = self._polled
+        if polled.rounds <= self._taken:
+            return False, None
+        self._taken = polled.rounds
+        return _answer(self.handle, polled.outcome, self.started, self.budget)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """(Nothing to listen to: the waiter polls.)"""
+
+    def close(self) -> None:
+        """(Nothing to stop.)"""
 
 
 def _poll(runner: JobSource, handles: list[AppHandle]) -> dict[AppHandle, Any]:

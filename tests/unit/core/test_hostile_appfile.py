@@ -204,3 +204,20 @@ def test_load_app_paths_that_are_not_app_files(tmp_path: Path) -> None:
             load_app(path)
         assert str(e.value) and "\n" not in str(e.value), (path, str(e.value))
         assert len(e.value.issues) == 1
+
+
+@pytest.mark.parametrize(
+    ("mount", "says"),
+    [
+        ("a" * 5000, "each mount must start with type=bind|volume|device, got 'aaaa"),
+        ({0: True}, "expected option names (strings), got 0"),
+    ],
+)
+def test_a_bad_mount_is_one_short_line_naming_it(mount: Any, says: str) -> None:
+    """(Both found by the property tests above: a huge token was quoted whole; a mapping
+    with a key that is not a string raised a bare TypeError.)"""
+    data = {"name": "app", "roles": [{**ROLE, "mounts": [mount]}]}
+    with pytest.raises(AppFileError) as info:
+        app_from_dict(data)
+    assert_clean(info.value)
+    assert str(info.value).startswith(f"roles[0].mounts[0]: {says}")
