@@ -143,7 +143,7 @@ DefMemPerCPU=1000
 # Heterogeneous jobs are started only by the backfill scheduler: run it every second, planning
 # to the second (the default 60 s slots held a requeued job 15-25 s past its eligible time).
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,bf_resolution=1
+SchedulerParameters=bf_interval=1,bf_resolution=1,sched_interval=1
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 # --mem is enforced by the accounting plugin: a step whose sampled RSS passes it is killed

@@ -556,7 +556,11 @@ def test_records_of_a_retired_app_expire_after_its_record_retention(
 
     def cancelled(cfg: dict[str, Any]) -> tuple[str, str]:
         key = f"expire-{uuid.uuid4().hex}"
-        app_id = sched.submit(AppDef("expire", [sh("r", "sleep 60")]), cfg, idempotency_key=key)
+        app_id = sched.submit(
+            AppDef("expire", [sh("r", "trap 'exit 143' TERM; sleep 60 & wait")]),
+            cfg,
+            idempotency_key=key,
+        )
         sched.cancel(app_id)
         return app_id, key
 
@@ -703,7 +707,9 @@ def test_failed_submit_leaves_no_container_or_network(
 
 def test_describe_many_list_and_idempotency_key(sched: DockerScheduler) -> None:
     key = f"key-{uuid.uuid4().hex}"
-    a = sched.submit(AppDef("a", [sh("r", "sleep 30")]), {}, idempotency_key=key)
+    a = sched.submit(
+        AppDef("a", [sh("r", "trap 'exit 143' TERM; sleep 30 & wait")]), {}, idempotency_key=key
+    )
     b = sched.submit(AppDef("b", [sh("r", "exit 0", num_replicas=2)]), {})
     assert wait_terminal(sched, b).state == AppState.SUCCEEDED
 

@@ -46,10 +46,14 @@ EXPECTED = ["coord/0 coord says hi"] + [
 ]
 
 
+SLEEPS_UNTIL_TERM = "trap 'exit 143' TERM; echo started; sleep 300 & wait"
+
+
 def _sleeper(name: str, image: str = "") -> AppDef:
     return AppDef(
         name,
-        [Role("main", image=image, entrypoint="sh", args=["-c", "echo started; sleep 300"])],
+        # (ends at SIGTERM: the engine or slurmd need not wait out their grace to kill it)
+        [Role("main", image=image, entrypoint="sh", args=["-c", SLEEPS_UNTIL_TERM])],
     )
 
 
