@@ -140,8 +140,12 @@ def _outcome(sched: DockerScheduler, runner: Runner, key: str, api: Any) -> str:
     # the retry with the key is given the failed app (a retry then submits anew), at once
     again = runner.run(AppDef("once", [sh("w", "true")]), "local_docker", idempotency_key=key)
     assert again == handle
+    # (the runner's describes of the failed app asked its scheduler for a sweep, which may be
+    # removing the containers already: this pass then leaves the app to it)
     sched.sweep()
-    assert key_containers(api, key) == [], "a half-submitted app's containers were left"
+    wait_until(
+        lambda: key_containers(api, key) == [], 60, "the half-submitted app's containers to go"
+    )
     final = runner.status(handle)
     assert final is not None and final.state == AppState.FAILED
     return "interrupted"
