@@ -145,6 +145,8 @@ def _result(runner: Runner, handle: str) -> AppResult | None:
         return runner.result(handle)
     except NotImplementedError:
         return None
+    except ValueError:  # an array (its elements have results), or an element not started
+        return None
 
 
 def _cmd_check(runner: Runner, app: AppDef, scheduler: str, args: argparse.Namespace) -> int:
@@ -179,7 +181,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             info = runner.dryrun(app, scheduler, cfg, args.workspace)
             print(f"=== scheduler request ({scheduler}) ===\n{info}")
             return EXIT_OK
-        handle = runner.run(app, scheduler, cfg, args.workspace)
+        handle = _submit(runner, app, scheduler, cfg, args)
         print(handle, flush=True)
         if not (args.wait or args.log or args.max_silence is not None):
             return EXIT_OK
@@ -193,6 +195,55 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return EXIT_APP_FAILED
         _print_status(handle, status, _result(runner, handle))
         return EXIT_OK if status.state == AppState.SUCCEEDED else EXIT_APP_FAILED
+
+
+def _submit(runner: Runner, app: AppDef, scheduler: str, cfg: Any, args: argparse.Namespace) -> str:
+    """Submits the app, or the array ``--array``/``--array-params`` ask for."""
+    if args.array is None and args.array_params is None:
+        if args.max_parallel is not None:
+            raise ValueError("--max-parallel: only for an array (--array or --array-params)")
+        return runner.run(app, scheduler, cfg, args.workspace)
+    if args.workspace:
+        raise ValueError("--workspace: not supported with --array/--array-params yet")
+    if args.array is not None and args.array_params is not None:
+        raise ValueError("--array, --array-params: expected one of them, got both")
+    size, cap = _array_range(args.array) if args.array is not None else (None, None)
+    params = _read_params(args.array_params) if args.array_params is not None else None
+    if cap is not None and args.max_parallel is not None:
+        raise ValueError("--max-parallel: the cap is given twice (%K in --array)")
+    cap = args.max_parallel if cap is None else cap
+    return runner.run_array(app, scheduler, cfg, size=size, params=params, max_parallel=cap)
+
+
+def _array_range(text: str) -> tuple[int, int | None]:
+    """``0-99%10`` -> (100, 10); ``100`` -> (100, None)."""
+    m = re.fullmatch(r"(?:0-(?P<last>[0-9]+)|(?P<size>[0-9]+))(?:%(?P<cap>[0-9]+))?", text)
+    if not m:
+        raise ValueError(f"--array: expected 0-N[%K] or a size N[%K] (elements 0..N), got {text!r}")
+    size = int(m.group("last")) + 1 if m.group("last") is not None else int(m.group("size"))
+    return size, None if m.group("cap") is None else int(m.group("cap"))
+
+
+def _read_params(path: str) -> list[Any]:
+    """One JSON value per non-blank line of ``path`` (``-``: stdin)."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except OSError as e:
+        raise ValueError(f"--array-params: cannot read {path!r}: {e.strerror}") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"--array-params: line {n} of {path} is not JSON ({e.msg})"
+                ) from None
+    return out
 
 
 def _checked_max_silence(args: argparse.Namespace) -> float | None:
@@ -442,6 +493,21 @@ def _add_run_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="cancel the app once a running replica printed no line for that long (a hung"
         " collective); implies --wait. Default: the app's metadata.max_silence when waiting",
+    )
+    run.add_argument(
+        "--array",
+        metavar="0-N[%K]",
+        help="run the app as an array of elements 0..N (each sees $SHIPYARD_ARRAY_INDEX and"
+        " ${array_index}), at most K at once",
+    )
+    run.add_argument(
+        "--array-params",
+        metavar="FILE.jsonl",
+        help="run the app as an array, one element per JSON object of the file (its keys as"
+        " ${params.NAME}, the object in $SHIPYARD_ARRAY_PARAMS)",
+    )
+    run.add_argument(
+        "--max-parallel", type=int, metavar="K", help="an array's elements running at once"
     )
     run.add_argument("--name", help="app name (default: from the file or the command)")
     run.add_argument("--role-name", help="inline app: role name")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from core import arrays
 from core.errors import ShipyardError
 from core.reports import AppResult, Problem, problem_from_error
 from core.schedulers import SchedulerFactory, get_default_scheduler_name, get_scheduler_factories
@@ -324,20 +325,132 @@ class Runner:
         app_id = sched.find_by_idempotency_key(idempotency_key, sched.resolve_cfg(cfg))
         return make_app_handle(sched.backend, sched.session_name, app_id) if app_id else None
 
+    # -- arrays ------------------------------------------------------------------------------
+
+    def run_array(
+        self,
+        app: AppDef,
+        scheduler: str | None = None,
+        cfg: Cfg | None = None,
+        *,
+        size: int | None = None,
+        params: builtins.list[dict[str, Any]] | None = None,
+        max_parallel: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppHandle:
+        """Runs ``app`` as an array of elements and returns the array's handle.
+
+        ``size=N`` runs elements 0..N-1; ``params=[{...}, ...]`` one element per mapping. Each
+        element sees ``$SHIPYARD_ARRAY_INDEX`` and the macro ``${array_index}``; with ``params``
+        its mapping as JSON in ``$SHIPYARD_ARRAY_PARAMS`` and as macros ``${params.NAME}`` in
+        args and env. At most ``max_parallel`` elements run at once (the rest are PENDING).
+
+        The array's handle (``{scheduler}://{session}/{array_id}``) gives the aggregate status
+        with every element's (``status(h).elements``, ``.counts()``), and takes :meth:`wait`,
+        :meth:`cancel` (every element not yet ended), :meth:`retry_failed` and
+        :meth:`results`; each element is ``{handle}[i]``, with :meth:`status`,
+        :meth:`log_lines`, :meth:`result` and :meth:`cancel` of its latest attempt. The elements
+        are started by a driver process that outlives this one (see :mod:`core.arrays`). With
+        ``idempotency_key``, a second submit gets the same array, and each element runs once.
+
+        Raises:
+            ValueError: an invalid argument (the message names it), before anything starts.
+        """
+        if not self._plain:
+            raise ValueError(
+                "run_array: the array's driver makes its schedulers the default way; this runner"
+                " was given its own scheduler factories or parameters"
+            )
+        scheduler = scheduler or get_default_scheduler_name()
+        spec = arrays.make_spec(app, size, params, max_parallel)
+        sched = self._scheduler(scheduler)
+        # the backend's own checks of an element, before anything starts
+        sched.submit_dryrun(arrays.first_element(app, spec), sched.resolve_cfg(cfg))
+        array_id = arrays.create_array(
+            app, scheduler, self._name, dict(cfg or {}), spec, idempotency_key
+        )
+        handle = make_app_handle(scheduler, self._name, array_id)
+        log.info(
+            "launched array %s (%d elements, at most %d at once)",
+            handle,
+            spec.size,
+            spec.max_parallel,
+        )
+        return handle
+
+    def retry_failed(self, app_handle: AppHandle) -> builtins.list[int]:
+        """Runs an array's failed elements again under the same handles (each element's
+        ``attempts`` counts it); returns their indices (empty: none failed).
+
+        Raises:
+            ValueError: ``app_handle`` is not an array, or the array was cancelled.
+        """
+        adir, index = self._array(app_handle)
+        if index is not None:
+            raise ValueError(f"app handle: {app_handle} is an element; retry_failed takes an array")
+        return arrays.request_retry(adir)
+
+    def results(self, app_handle: AppHandle) -> builtins.list[AppResult | None]:
+        """Each element's :meth:`result`, by index (None for one that did not start)."""
+        status = self.status(app_handle)
+        if status is None or status.elements is None:
+            raise ValueError(f"app handle: {app_handle} is not an array known here")
+        return [self.result(e.handle) if e.handle else None for e in status.elements]
+
+    def _array(self, app_handle: AppHandle) -> tuple[arrays.ArrayDir, int | None]:
+        p = parse_app_handle(app_handle)
+        array_id, index = arrays.split_element_id(p.app_id)
+        adir = arrays.open_array(p.scheduler_backend, p.session_name, array_id)
+        if adir is None:
+            raise ValueError(f"app handle: no array {app_handle} was submitted on this host")
+        return adir, index
+
+    def _array_status(self, app_handle: AppHandle) -> AppStatus | None:
+        try:
+            adir, index = self._array(app_handle)
+        except ValueError:
+            return None
+        if index is None:
+            return arrays.array_status(adir)
+        element = arrays.element_status(adir, index)
+        if element.handle is None:
+            return AppStatus(element.state, msg=element.msg)
+        return self.status(element.handle)
+
+    def _element_app(self, app_handle: AppHandle) -> AppHandle:
+        """The app an element handle stands for (any other handle unchanged)."""
+        if not arrays.is_array_id(parse_app_handle(app_handle).app_id):
+            return app_handle
+        adir, index = self._array(app_handle)
+        if index is None:
+            raise ValueError(
+                f"app handle: {app_handle} is an array; name one of its elements, {app_handle}[i]"
+            )
+        found = arrays.element_handle(adir, index)
+        if found is None:
+            raise ValueError(f"app handle: element {app_handle} has not started yet")
+        return found
+
     # -- observing ---------------------------------------------------------------------------
 
     def status(self, app_handle: AppHandle) -> AppStatus | None:
-        """The app's current status, or None if the scheduler does not know it."""
+        """The app's current status, or None if the scheduler does not know it. For an array,
+        the aggregate state with each element's status in ``elements`` (see :meth:`run_array`)."""
+        if arrays.is_array_id(parse_app_handle(app_handle).app_id):
+            return self._array_status(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         return _to_status(sched.describe(app_id))
 
     def status_many(self, app_handles: Iterable[AppHandle]) -> dict[AppHandle, AppStatus | None]:
         """Statuses of several apps; one backend call per scheduler where the backend allows."""
         groups: dict[tuple[str, str], list[tuple[AppHandle, str]]] = {}
+        out: dict[AppHandle, AppStatus | None] = {}
         for handle in app_handles:
             p = parse_app_handle(handle)
+            if arrays.is_array_id(p.app_id):  # (a file read, or the element's own app)
+                out[handle] = self._array_status(handle)
+                continue
             groups.setdefault((p.scheduler_backend, p.session_name), []).append((handle, p.app_id))
-        out: dict[AppHandle, AppStatus | None] = {}
         for (backend, session), items in groups.items():
             described = self._scheduler(backend, session).describe_many([a for _, a in items])
             for handle, app_id in items:
@@ -345,12 +458,25 @@ class Runner:
         return out
 
     def describe(self, app_handle: AppHandle) -> AppDef | None:
-        """The app as the scheduler knows it (roles may be partial), or None if unknown."""
+        """The app as the scheduler knows it (roles may be partial), or None if unknown (an
+        array: the app its elements run)."""
+        if arrays.is_array_id(parse_app_handle(app_handle).app_id):
+            return self._describe_array(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         desc = sched.describe(app_id)
         if desc is None:
             return None
         return AppDef(name=app_id, roles=list(desc.roles))
+
+    def _describe_array(self, app_handle: AppHandle) -> AppDef | None:
+        try:
+            adir, index = self._array(app_handle)
+        except ValueError:
+            return None
+        if index is not None:
+            found = arrays.element_handle(adir, index)
+            return self.describe(found) if found else None
+        return arrays.requested_app(adir)
 
     def wait(
         self,
@@ -404,8 +530,10 @@ class Runner:
         """Log lines of replica ``k`` of ``role_name`` (see ``Scheduler.log_iter``).
 
         Raises:
-            ValueError: if the app, role or replica does not exist.
+            ValueError: if the app, role or replica does not exist (or the element has not
+                started).
         """
+        app_handle = self._element_app(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         desc = sched.describe(app_id)
         if desc is None:
@@ -482,7 +610,15 @@ class Runner:
     # -- acting ------------------------------------------------------------------------------
 
     def cancel(self, app_handle: AppHandle) -> None:
-        """Cancels the app (idempotent; does not wait for it to be CANCELLED)."""
+        """Cancels the app (idempotent; does not wait for it to be CANCELLED). An array: every
+        element not yet ended (those waiting for a slot never start)."""
+        p = parse_app_handle(app_handle)
+        if arrays.is_array_id(p.app_id) and arrays.split_element_id(p.app_id)[1] is None:
+            for element in arrays.cancel_array(self._array(app_handle)[0]):
+                self.cancel(element)
+            log.info("cancelled array %s", app_handle)
+            return
+        app_handle = self._element_app(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         sched.cancel(app_id)
         log.info("cancelled %s", app_handle)
@@ -517,6 +653,7 @@ class Runner:
             ValueError: the app is unknown (the message names the handle).
             NotImplementedError: its scheduler does not collect results.
         """
+        app_handle = self._element_app(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         desc = sched.describe(app_id)
         if desc is None:

@@ -30,6 +30,7 @@ __all__ = [
     "CfgVal",
     "DeviceMount",
     "ENV_KEY_PATTERN",
+    "ElementStatus",
     "MAX_REPLICAS",
     "MISSING",
     "MalformedAppHandleException",
@@ -536,8 +537,32 @@ class RoleStatus:
 
 
 @dataclass
+class ElementStatus:
+    """Status of one element of an array (see ``Runner.run_array``).
+
+    ``handle`` is the app its latest attempt runs as (None while it waits for a slot),
+    ``exit_code`` the first non-zero exit code of its replicas (0 when all succeeded; None while
+    it runs), ``attempts`` how many times it was started.
+    """
+
+    index: int
+    state: AppState
+    handle: str | None = None
+    exit_code: int | None = None
+    attempts: int = 0
+    msg: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form of this status."""
+        return {**asdict(self), "state": self.state.name}
+
+
+@dataclass
 class AppStatus:
-    """Runner-level status of an app: its state plus what the scheduler said about it."""
+    """Runner-level status of an app: its state plus what the scheduler said about it.
+
+    For an array, ``elements`` holds each element's status (None for an app).
+    """
 
     state: AppState
     num_restarts: int = 0
@@ -545,6 +570,14 @@ class AppStatus:
     structured_error_msg: str = NONE
     ui_url: str | None = None
     roles: list[RoleStatus] = field(default_factory=list)
+    elements: list[ElementStatus] | None = None
+
+    def counts(self) -> dict[str, int]:
+        """How many elements of an array are in each state, by name (empty for an app)."""
+        out: dict[str, int] = {}
+        for e in self.elements or []:
+            out[e.state.name] = out.get(e.state.name, 0) + 1
+        return out
 
     def is_terminal(self) -> bool:
         """True if the app reached a final state."""
@@ -563,6 +596,11 @@ class AppStatus:
             "structured_error_msg": self.structured_error_msg,
             "ui_url": self.ui_url,
             "roles": [r.to_json() for r in self.roles],
+            **(
+                {"counts": self.counts(), "elements": [e.to_json() for e in self.elements]}
+                if self.elements is not None
+                else {}
+            ),
         }
 
     def format(self) -> str:
@@ -572,6 +610,13 @@ class AppStatus:
             lines.append(f"Msg: {self.msg}")
         if self.ui_url:
             lines.append(f"UI URL: {self.ui_url}")
+        if self.elements is not None:
+            counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
+            lines.append(f"Elements: {len(self.elements)} ({counts})")
+            for e in self.elements:
+                if e.state in (AppState.FAILED, AppState.CANCELLED) and e.handle:
+                    code = "" if e.exit_code is None else f" exit_code={e.exit_code}"
+                    lines.append(f"  [{e.index}] {e.state.name}{code} {e.handle} {e.msg}".rstrip())
         for rs in self.roles:
             lines.append(f"Role {rs.role}:")
             for r in rs.replicas:

@@ -45,6 +45,10 @@ def _replica_text(r: ReplicaStatus) -> str:
     return text
 
 
+def _counts_text(status: AppStatus) -> str:
+    return ", ".join(f"{n} {state}" for state, n in sorted(status.counts().items()))
+
+
 class Progress:
     """Shows an app's progress on ``stream``: a live line if ``live`` (default: when ``stream``
     is a terminal, see :func:`is_live_terminal`), else a plain line per change.
@@ -95,6 +99,11 @@ class Progress:
                 if self._replicas.get((rs.role, r.id)) != text:
                     self._replicas[(rs.role, r.id)] = text
                     lines.append(f"{stamp} {rs.role}/{r.id} {text}")
+        if status.elements is not None:  # an array: its counts
+            text = _counts_text(status)
+            if self._replicas.get(("elements", 0)) != text:
+                self._replicas[("elements", 0)] = text
+                lines.append(f"{stamp} elements: {text}")
         if lines:
             self.stream.write("\n".join(lines) + "\n")
             self.stream.flush()
@@ -107,6 +116,8 @@ class Progress:
             counts = Counter(r.state.name for r in rs.replicas)
             states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
             parts.append(f"{rs.role}: {states or 'no replicas yet'}")
+        if status.elements is not None:
+            parts.append(f"elements: {_counts_text(status)}")
         return "  ".join(parts)
 
     def _draw(self, status: AppStatus) -> None:

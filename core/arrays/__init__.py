@@ -1,0 +1,203 @@
+"""Arrays: one app run as many elements (``size`` of them, or one per ``params`` mapping), at
+most ``max_parallel`` at once, addressed as one handle ``{scheduler}://{session}/{array_id}`` and
+one per element ``...{array_id}[i]`` (see ``Runner.run_array``).
+
+The elements are ordinary apps of the backend, started by the array's driver
+(:mod:`core.arrays.driver`): a process detached from the submitter, so the array goes on when the
+submitter is killed, and any process on this host can follow, cancel and retry it. Array ids
+hold an ``@`` (``train@3f9c0a1b2c4d``), which no backend's app id has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+import uuid
+from typing import Any
+
+from core.appfile import app_from_dict, app_to_dict
+from core.arrays.driver import Element, ensure_driver
+from core.arrays.spec import ArraySpec, ArraySpecError, element_app, make_spec
+from core.arrays.store import ArrayDir
+from core.specs import AppDef, AppState, AppStatus, ElementStatus, is_terminal, make_app_handle
+
+__all__ = [
+    "ArrayDir",
+    "ArraySpec",
+    "ArraySpecError",
+    "array_status",
+    "cancel_array",
+    "create_array",
+    "element_handle",
+    "element_status",
+    "first_element",
+    "is_array_id",
+    "make_spec",
+    "open_array",
+    "request_retry",
+    "requested_app",
+    "split_element_id",
+]
+
+_ELEMENT_RE = re.compile(r"(?P<array>[^@\[\]]+@[0-9a-f]+)\[(?P<index>[0-9]+)\]")
+
+
+def is_array_id(app_id: str) -> bool:
+    """Whether ``app_id`` names an array or one of its elements."""
+    return "@" in app_id
+
+
+def split_element_id(app_id: str) -> tuple[str, int | None]:
+    """``(array_id, index)`` of an element id, ``(array_id, None)`` of an array id."""
+    m = _ELEMENT_RE.fullmatch(app_id)
+    return (m.group("array"), int(m.group("index"))) if m else (app_id, None)
+
+
+def first_element(app: AppDef, spec: ArraySpec) -> AppDef:
+    """Element 0's app (what a backend's dry run checks before the array is submitted)."""
+    return element_app(app, spec, 0, "")
+
+
+def requested_app(adir: ArrayDir) -> AppDef | None:
+    """The app the array's elements run (before their macros are substituted)."""
+    request = adir.request()
+    return app_from_dict(request["app"]) if request else None
+
+
+def _array_id(app: AppDef, key: str | None) -> str:
+    tag = hashlib.sha256(key.encode()).hexdigest()[:12] if key else uuid.uuid4().hex[:12]
+    return f"{app.name}@{tag}"
+
+
+def create_array(
+    app: AppDef,
+    backend: str,
+    session: str,
+    cfg: dict[str, Any],
+    spec: ArraySpec,
+    key: str | None = None,
+) -> str:
+    """Records the array on this host and starts its driver; returns the array id. With
+    ``key``, a second submit (after a crash, or racing) gets the same array."""
+    adir = ArrayDir(backend, session, _array_id(app, key))
+    adir.create()
+    if not adir.exists():  # (a first submit that died before recording it is completed here)
+        adir.write_request(
+            {
+                "app": app_to_dict(app),
+                "cfg": cfg,
+                "spec": spec.to_json(),
+                "key": key,
+                "cwd": os.getcwd(),
+                "created": time.time(),
+            }
+        )
+    ensure_driver(adir)
+    return adir.array_id
+
+
+def open_array(backend: str, session: str, array_id: str) -> ArrayDir | None:
+    """The array's directory, or None if it was not submitted on this host."""
+    adir = ArrayDir(backend, session, array_id)
+    return adir if adir.exists() else None
+
+
+def _elements(adir: ArrayDir) -> list[Element]:
+    state = adir.state()
+    if state is not None:
+        return [Element.from_json(e) for e in state["elements"]]
+    request = adir.request() or {}
+    return [Element(i) for i in range(int(request["spec"]["size"]))]
+
+
+def _aggregate(elements: list[Element], cancelled: bool) -> AppState:
+    states = {e.state for e in elements}
+    if not all(is_terminal(s) for s in states):
+        started = any(e.handle for e in elements)
+        return AppState.RUNNING if started or cancelled else min(states)
+    if states == {AppState.SUCCEEDED}:
+        return AppState.SUCCEEDED
+    return AppState.CANCELLED if cancelled or AppState.FAILED not in states else AppState.FAILED
+
+
+def _message(elements: list[Element]) -> str:
+    failed = [e for e in elements if e.state == AppState.FAILED]
+    if not failed:
+        return ""
+    shown = ", ".join(
+        f"[{e.index}] " + (f"exit {e.exit_code}" if e.exit_code is not None else e.msg or "failed")
+        for e in failed[:5]
+    )
+    more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+    return f"{len(failed)} of {len(elements)} elements failed: {shown}{more}"
+
+
+def array_status(adir: ArrayDir) -> AppStatus:
+    """The array's state (from its elements'), each element's status and the counts; starts a
+    new driver if the array has not ended and its driver died."""
+    elements = _elements(adir)
+    retrying = adir.retries_pending()
+    for e in elements:
+        if e.index in retrying and e.state == AppState.FAILED:
+            e.state, e.handle = AppState.PENDING, None
+    state = _aggregate(elements, adir.cancel_requested())
+    if adir.state() is None and state == AppState.PENDING:  # (its driver is starting)
+        state = AppState.SUBMITTED
+    if not is_terminal(state) and not adir.driver_alive():
+        ensure_driver(adir)
+    array_handle = make_app_handle(adir.backend, adir.session, adir.array_id)
+    return AppStatus(
+        state=state,
+        num_restarts=sum(max(e.attempts - 1, 0) for e in elements),
+        msg=_message(elements),
+        elements=[
+            ElementStatus(e.index, e.state, e.handle, e.exit_code, e.attempts, e.msg)
+            for e in elements
+        ],
+        ui_url=f"{array_handle} ({adir.path})",
+    )
+
+
+def element_status(adir: ArrayDir, index: int) -> Element:
+    """Element ``index``'s record (its handle is None while it waits for a slot).
+
+    Raises:
+        ValueError: no such element.
+    """
+    elements = _elements(adir)
+    if not 0 <= index < len(elements):
+        raise ValueError(
+            f"app handle: array {adir.array_id} has elements 0..{len(elements) - 1}, not {index}"
+        )
+    return elements[index]
+
+
+def element_handle(adir: ArrayDir, index: int) -> str | None:
+    """The app handle of element ``index``'s latest attempt (None while it waits)."""
+    return element_status(adir, index).handle
+
+
+def cancel_array(adir: ArrayDir) -> list[str]:
+    """Asks the driver to start nothing more (it marks the waiting elements CANCELLED) and
+    returns the handles of the elements that may still run, for the caller to cancel."""
+    adir.request_cancel()
+    if not adir.driver_alive():
+        ensure_driver(adir)  # (one that died still has to record the end)
+    return [e.handle for e in _elements(adir) if e.handle and not is_terminal(e.state)]
+
+
+def request_retry(adir: ArrayDir) -> list[int]:
+    """Asks the driver to run the failed elements again; returns their indices.
+
+    Raises:
+        ValueError: the array was cancelled.
+    """
+    if adir.cancel_requested():
+        raise ValueError(f"app handle: array {adir.array_id} was cancelled; nothing to retry")
+    failed = [e.index for e in _elements(adir) if e.state == AppState.FAILED]
+    if failed:
+        adir.request_retry(failed)
+        ensure_driver(adir)
+    return failed

@@ -1,0 +1,253 @@
+"""The array driver: a process of its own (``python -m core.arrays DIR``), detached from
+whoever submitted the array, that starts the elements as slots free (never more than the cap
+running), records every element's state in the array's ``state.json``, honours cancel and retry
+requests, and exits when every element has ended. One driver per array: it holds the array's
+``driver.lock``; a second one exits at once. If it dies, the next status read starts another,
+which re-attaches to the elements already submitted (each element attempt has its own
+idempotency key, claimed by the backend).
+
+SIGTERM to the driver cancels the array.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from core.arrays.spec import ArraySpec, element_app
+from core.arrays.store import ArrayDir
+from core.specs import AppState, AppStatus, is_terminal, make_app_handle
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Element", "element_key", "ensure_driver", "main"]
+
+_TICK = 0.1  # seconds between looks while elements run
+_IDLE_TICK = 1.0  # ... after a second without change
+_ERROR_BACKOFF = (0.5, 5.0)  # first and longest wait after a failed look
+
+
+@dataclass
+class Element:
+    """One element's record in ``state.json``."""
+
+    index: int
+    state: AppState = AppState.PENDING
+    handle: str | None = None
+    exit_code: int | None = None
+    attempts: int = 0
+    msg: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written."""
+        return {**self.__dict__, "state": self.state.name}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Element:
+        """The record as read."""
+        return cls(**{**data, "state": AppState[data["state"]]})
+
+
+def element_key(array_id: str, index: int, attempt: int) -> str:
+    """The idempotency key of one attempt of one element."""
+    base = f"{array_id}[{index}]"
+    return base if attempt <= 1 else f"{base}:{attempt}"
+
+
+def _exit_code(status: AppStatus) -> int | None:
+    codes = [c for rs in status.roles for r in rs.replicas for c in [r.exit_code]]
+    if not is_terminal(status.state):
+        return None
+    failed = [c for c in codes if c not in (None, 0)]
+    return failed[0] if failed else (0 if status.state == AppState.SUCCEEDED else None)
+
+
+class Driver:
+    """Drives one array to its end (see the module's docstring)."""
+
+    def __init__(self, adir: ArrayDir) -> None:
+        from core.runner import Runner  # (the runner imports this package's public API)
+
+        request = adir.request()
+        if request is None:
+            raise ValueError(f"no array at {adir.path}")
+        self.adir = adir
+        self.spec = ArraySpec.from_json(request["spec"])
+        self.request = request
+        self.runner = Runner(adir.session)
+        self.cancel_sent = False
+        self.written = False
+        state = adir.state()
+        self.elements = (
+            [Element.from_json(e) for e in state["elements"]]
+            if state
+            else [Element(i) for i in range(self.spec.size)]
+        )
+
+    def run(self) -> None:
+        """Looks and acts until every element ended."""
+        idle_since, backoff = time.monotonic(), _ERROR_BACKOFF[0]
+        while not self.done():
+            try:
+                if self.step():
+                    idle_since = time.monotonic()
+                backoff = _ERROR_BACKOFF[0]
+                busy = time.monotonic() - idle_since < 1.0
+                time.sleep(_TICK if busy else _IDLE_TICK)
+            except Exception as e:  # a backend hiccup, or SIGTERM raised into the local backend
+                log.warning("array %s: %s (looking again in %.1fs)", self.adir.array_id, e, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, _ERROR_BACKOFF[1])
+        log.info("array %s ended: %s", self.adir.array_id, self.summary())
+
+    def step(self) -> bool:
+        """One look: retries taken, states refreshed, cancels sent, free slots filled; the
+        state written if anything changed. Returns whether anything did."""
+        before = [e.to_json() for e in self.elements]
+        retries = self.adir.retry_requests()
+        for _, indices in retries:
+            self._retry(indices)
+        self._refresh()
+        if self.adir.cancel_requested():
+            self._cancel()
+        else:
+            self._fill_slots()
+        changed = before != [e.to_json() for e in self.elements]
+        if changed or not self.written:
+            self.write()
+        self.adir.drop([path for path, _ in retries])  # (recorded: a reader never misses them)
+        return changed
+
+    def _retry(self, indices: list[int]) -> None:
+        for i in indices:
+            e = self.elements[i]
+            if e.state == AppState.FAILED:
+                log.info("array %s: element %d runs again", self.adir.array_id, i)
+                self.elements[i] = Element(i, attempts=e.attempts)
+
+    def _live(self) -> list[Element]:
+        return [e for e in self.elements if e.handle and not is_terminal(e.state)]
+
+    def _refresh(self) -> None:
+        live = self._live()
+        if not live:
+            return
+        statuses = self.runner.status_many([e.handle for e in live if e.handle])
+        for e in live:
+            s = statuses.get(e.handle or "")
+            if s is None:
+                e.state, e.msg = AppState.FAILED, f"{e.handle} is no longer known to its scheduler"
+                continue
+            e.state, e.msg, e.exit_code = s.state, s.msg, _exit_code(s)
+
+    def _fill_slots(self) -> None:
+        free = self.spec.max_parallel - len(self._live())
+        for e in self.elements:
+            if free <= 0:
+                return
+            if e.handle is None and e.state == AppState.PENDING:
+                self._start(e)
+                free -= 1
+
+    def _start(self, e: Element) -> None:
+        req = self.request
+        array_handle = make_app_handle(self.adir.backend, self.adir.session, self.adir.array_id)
+        app = element_app(_app(req["app"]), self.spec, e.index, array_handle)
+        key = element_key(self.adir.array_id, e.index, e.attempts + 1)
+        try:
+            e.handle = self.runner.run(app, self.adir.backend, req["cfg"], idempotency_key=key)
+            e.state = AppState.SUBMITTED
+        except ValueError as err:  # the backend refused this element: it failed, the rest go on
+            e.state, e.msg = AppState.FAILED, f"submit failed: {err}"
+        e.attempts += 1
+
+    def _cancel(self) -> None:
+        for e in self.elements:
+            if e.handle is None and not is_terminal(e.state):
+                e.state, e.msg = AppState.CANCELLED, "the array was cancelled"
+        if not self.cancel_sent:
+            for e in self._live():
+                self.runner.cancel(e.handle or "")
+            self.cancel_sent = True
+
+    def done(self) -> bool:
+        """Whether every element ended and nothing asks for more."""
+        ended = all(is_terminal(e.state) for e in self.elements)
+        return ended and not self.adir.retries_pending()
+
+    def summary(self) -> str:
+        """``3 SUCCEEDED, 1 FAILED``"""
+        counts: dict[str, int] = {}
+        for e in self.elements:
+            counts[e.state.name] = counts.get(e.state.name, 0) + 1
+        return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+    def write(self) -> None:
+        """Writes every element's state (the array's state.json)."""
+        self.adir.write_state(
+            {"elements": [e.to_json() for e in self.elements], "pid": os.getpid()}
+        )
+        self.written = True
+
+
+def _app(data: dict[str, Any]) -> Any:
+    from core.appfile import app_from_dict
+
+    return app_from_dict(data)
+
+
+def ensure_driver(adir: ArrayDir) -> None:
+    """Starts the array's driver unless one runs (it outlives this process)."""
+    if adir.driver_alive():
+        return
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    with open(adir.log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "core.arrays", adir.path],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=adir.request().get("cwd") if adir.request() else None,  # type: ignore[union-attr]
+        )
+    # reaped here when it ends (it usually outlives this process, then init reaps it)
+    threading.Thread(target=proc.wait, name="shipyard-array-driver-reaper", daemon=True).start()
+
+
+def _on_sigterm(adir: ArrayDir) -> None:
+    def handle(signum: int, frame: object) -> None:
+        adir.request_cancel()
+
+    signal.signal(signal.SIGTERM, handle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m core.arrays <array dir>``"""
+    args = sys.argv[1:] if argv is None else argv
+    path = os.path.abspath(args[0])
+    backend, session, array_id = path.split(os.sep)[-3:]
+    from urllib.parse import unquote
+
+    session = "" if session == "%" else unquote(session)
+    adir = ArrayDir(backend, session, array_id)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with adir.driver_lock() as held:
+        if not held:
+            return 0  # another driver has it
+        _on_sigterm(adir)
+        driver = Driver(adir)
+        driver.run()
+        driver.write()
+    return 0

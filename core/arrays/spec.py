@@ -1,0 +1,136 @@
+"""What an array is: its elements (``size`` indices, or one per ``params`` mapping), its cap, and
+the app each element runs (the array's app with ``${array_index}`` and ``${params.NAME}``
+substituted and ``$SHIPYARD_ARRAY_*`` set). Validated whole before anything starts."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import ShipyardError, short_repr
+from core.specs import AppDef, validate_app
+
+__all__ = [
+    "ARRAY_ID_ENV",
+    "ArraySpec",
+    "ArraySpecError",
+    "INDEX_ENV",
+    "MAX_ELEMENTS",
+    "PARAMS_ENV",
+    "element_app",
+    "make_spec",
+]
+
+#: most elements one array may have (Slurm's own default MaxArraySize is 1001)
+MAX_ELEMENTS = 100_000
+INDEX_ENV = "SHIPYARD_ARRAY_INDEX"
+PARAMS_ENV = "SHIPYARD_ARRAY_PARAMS"
+ARRAY_ID_ENV = "SHIPYARD_ARRAY_ID"
+
+# ${array_index} and ${params.NAME}; other ${...} are the schedulers' macros or the shell's
+_MACRO_RE = re.compile(r"\$\{(array_index|params\.([A-Za-z_][A-Za-z0-9_]*))\}")
+
+
+class ArraySpecError(ShipyardError, ValueError):
+    """An array's arguments are invalid (the message names the argument)."""
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """An array's elements and cap: ``params`` is None for a ``size`` array."""
+
+    size: int
+    params: list[dict[str, Any]] | None
+    max_parallel: int
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form (what the array's driver reads back)."""
+        return {"size": self.size, "params": self.params, "max_parallel": self.max_parallel}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ArraySpec:
+        """The inverse of :meth:`to_json`."""
+        return cls(int(data["size"]), data["params"], int(data["max_parallel"]))
+
+
+def _positive(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArraySpecError(f"{name}: expected a positive integer, got {short_repr(value)}")
+    return value
+
+
+def _params(params: Any) -> list[dict[str, Any]]:
+    if isinstance(params, (str, bytes, Mapping)) or not isinstance(params, Sequence):
+        raise ArraySpecError(f"params: expected a list of mappings, got {short_repr(params)}")
+    out = []
+    for i, p in enumerate(params):
+        if not isinstance(p, Mapping) or not all(isinstance(k, str) for k in p):
+            raise ArraySpecError(
+                f"params[{i}]: expected a mapping with string keys, got {short_repr(p)}"
+            )
+        try:
+            json.dumps(dict(p))
+        except (TypeError, ValueError) as e:
+            raise ArraySpecError(f"params[{i}]: expected JSON values ({e})") from None
+        out.append(dict(p))
+    return out
+
+
+def make_spec(
+    app: AppDef, size: Any = None, params: Any = None, max_parallel: Any = None
+) -> ArraySpec:
+    """Checks an array's arguments and every element's app; raises :class:`ArraySpecError`
+    (a ``ValueError``) naming the argument, or the app's own ``ValueError``."""
+    if size is not None and params is not None:
+        raise ArraySpecError("size, params: expected one of them, got both")
+    if size is None and params is None:
+        raise ArraySpecError("size: expected the number of elements (or params), got neither")
+    plist = _params(params) if params is not None else None
+    n = len(plist) if plist is not None else _positive(size, "size")
+    if n < 1:
+        raise ArraySpecError("params: expected at least one mapping, got an empty list")
+    if n > MAX_ELEMENTS:
+        raise ArraySpecError(f"size: expected at most {MAX_ELEMENTS} elements, got {n}")
+    cap = n if max_parallel is None else _positive(max_parallel, "max_parallel")
+    spec = ArraySpec(n, plist, min(cap, n))
+    validate_app(app)
+    for i in range(n):
+        element_app(app, spec, i, "")  # every element's macros resolve, before anything starts
+    return spec
+
+
+def element_app(app: AppDef, spec: ArraySpec, index: int, array_id: str) -> AppDef:
+    """The app element ``index`` runs: macros substituted, ``$SHIPYARD_ARRAY_*`` set."""
+    params = spec.params[index] if spec.params is not None else None
+    out = copy.deepcopy(app)
+    for role in out.roles:
+        where = f"role {role.name!r}"
+        role.args = [_substitute(a, index, params, f"args of {where}") for a in role.args]
+        role.env = {
+            k: _substitute(v, index, params, f"env {k} of {where}") for k, v in role.env.items()
+        }
+        role.env[INDEX_ENV] = str(index)
+        role.env[ARRAY_ID_ENV] = array_id
+        if params is not None:
+            role.env[PARAMS_ENV] = json.dumps(params, separators=(",", ":"))
+    return out
+
+
+def _substitute(text: str, index: int, params: dict[str, Any] | None, where: str) -> str:
+    def value(m: re.Match[str]) -> str:
+        name = m.group(2)
+        if name is None:
+            return str(index)
+        if params is None or name not in params:
+            have = "no params (a size array)" if params is None else f"keys {sorted(params)}"
+            raise ArraySpecError(
+                f"params: {where} uses ${{params.{name}}}, but element {index} has {have}"
+            )
+        v = params[name]
+        return v if isinstance(v, str) else json.dumps(v)
+
+    return _MACRO_RE.sub(value, text)

@@ -1,0 +1,119 @@
+"""Arrays on local processes (``Runner.run_array``, the driver, the CLI)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core.runner import Runner
+from core.specs import AppDef, AppState, Role
+from tests.integration import arrays
+
+
+def role(script: str) -> Role:
+    return Role("w", entrypoint="sh", args=["-c", script])
+
+
+def test_fifty_elements_at_most_four_at_once_each_once(runner: Runner, tmp_path: Path) -> None:
+    status = arrays.check_cap_and_once(runner, "local_cwd", {}, role, str(tmp_path), 50)
+    assert status.elements is not None
+    handle = status.elements[0].handle or ""
+    assert runner.status(handle) is not None  # each element is an app of the backend
+
+
+def test_results_per_element(runner: Runner, tmp_path: Path) -> None:
+    script = 'echo "{\\"square\\": $((SHIPYARD_ARRAY_INDEX * SHIPYARD_ARRAY_INDEX))}" > "$SHIPYARD_RESULT_FILE"'
+    handle = runner.run_array(AppDef("sq", [role(script)]), "local_cwd", size=5, max_parallel=2)
+    assert arrays.final(runner, handle).state == AppState.SUCCEEDED
+    results = runner.results(handle)
+    assert [r.get("w")["square"] if r else None for r in results] == [0, 1, 4, 9, 16]
+    assert runner.result(f"{handle}[3]").get("w") == {"square": 9}
+
+
+def test_cancel_mid_array(runner: Runner, tmp_path: Path) -> None:
+    arrays.check_cancel(runner, "local_cwd", {}, role, str(tmp_path))
+
+
+def test_retry_failed_reruns_only_the_failed(runner: Runner, tmp_path: Path) -> None:
+    arrays.check_retry_failed(runner, "local_cwd", {}, role, str(tmp_path))
+
+
+def test_submitter_killed_after_submit_changes_nothing(runner: Runner, tmp_path: Path) -> None:
+    arrays.check_submitter_killed(runner, "local_cwd", {}, role, str(tmp_path), 8)
+
+
+def test_a_keyed_submit_again_gets_the_same_array(runner: Runner, tmp_path: Path) -> None:
+    app = AppDef("keyed", [role(arrays.recording(str(tmp_path), "true"))])
+    first = runner.run_array(app, "local_cwd", size=3, idempotency_key="sweep-7")
+    again = runner.run_array(app, "local_cwd", size=3, idempotency_key="sweep-7")
+    assert again == first
+    assert arrays.final(runner, first).state == AppState.SUCCEEDED
+    assert arrays.runs(str(tmp_path)) == {0: 1, 1: 1, 2: 1}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"size": 0}, "size: expected a positive integer, got 0"),
+        ({"size": 2, "params": [{}]}, "size, params: expected one of them, got both"),
+        ({"params": "abc"}, "params: expected a list of mappings"),
+        ({"size": 2, "max_parallel": 0}, "max_parallel: expected a positive integer, got 0"),
+        (
+            {"params": [{"x": 1}, {"y": 2}]},
+            "params: args of role 'w' uses ${params.x}, but element 1",
+        ),
+    ],
+)
+def test_bad_input_is_refused_before_anything_starts(
+    runner: Runner, kwargs: dict, message: str
+) -> None:
+    app = AppDef("bad", [role("echo ${params.x}")])
+    before = set(runner_arrays(runner))
+    with pytest.raises(ValueError) as err:
+        runner.run_array(app, "local_cwd", **kwargs)
+    assert message in str(err.value)
+    assert set(runner_arrays(runner)) == before
+
+
+def runner_arrays(runner: Runner) -> list[str]:
+    from core.arrays.store import arrays_root
+
+    root = Path(arrays_root("local_cwd", runner.session_name))
+    return [p.name for p in root.iterdir()] if root.exists() else []
+
+
+def test_element_handles_and_an_unknown_array(runner: Runner) -> None:
+    handle = runner.run_array(AppDef("two", [role("echo hi")]), "local_cwd", size=2)
+    assert arrays.final(runner, handle).state == AppState.SUCCEEDED
+    with pytest.raises(ValueError, match=r"is an array; name one of its elements"):
+        list(runner.log_lines(handle, "w", 0))
+    with pytest.raises(ValueError, match=r"has elements 0..1, not 2"):
+        runner.status(f"{handle}[2]") or runner.result(f"{handle}[2]")
+    unknown = handle.replace("@", "@0")
+    assert runner.status(unknown) is None
+
+
+def test_the_cli_runs_follows_and_reads_an_array(tmp_path: Path) -> None:
+    from tests.integration.local.test_cli import sh as shipyard
+
+    params = tmp_path / "p.jsonl"
+    params.write_text('{"lr": 0.1}\n\n{"lr": 0.01}\n{"lr": 1}\n')
+    script = 'echo "lr=${params.lr}"; test "${params.lr}" != 1'
+    run = shipyard(
+        "run", "--array-params", str(params), "--max-parallel", "2", "--wait", "--progress",
+        "plain", "--", "sh", "-c", script, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    handle = run.stdout.split("\n")[0]
+    assert "elements: 1 FAILED, 2 SUCCEEDED" in run.stderr
+    assert "Msg: 1 of 3 elements failed: [2] exit 1" in run.stdout
+    status = json.loads(shipyard("status", "--json", handle).stdout)
+    assert status["counts"] == {"FAILED": 1, "SUCCEEDED": 2}
+    assert [e["exit_code"] for e in status["elements"]] == [0, 0, 1]
+    assert shipyard("log", f"{handle}[1]").stdout == "lr=0.01\n"
+    bad = shipyard("run", "--array", "3-9", "--", "true")
+    assert bad.returncode == 2 and "--array: expected 0-N[%K]" in bad.stderr
+    bad = shipyard("run", "--array", "0-3%0", "--", "true")
+    assert bad.returncode == 2 and "max_parallel: expected a positive integer, got 0" in bad.stderr
