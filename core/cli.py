@@ -202,7 +202,10 @@ def _submit(runner: Runner, app: AppDef, scheduler: str, cfg: Any, args: argpars
     if args.array is None and args.array_params is None:
         if args.max_parallel is not None:
             raise ValueError("--max-parallel: only for an array (--array or --array-params)")
-        return runner.run(app, scheduler, cfg, args.workspace)
+        return runner.run(
+            app, scheduler, cfg, args.workspace, after=args.after,
+            after_condition=args.after_condition,
+        )  # fmt: skip
     if args.workspace:
         raise ValueError("--workspace: not supported with --array/--array-params yet")
     if args.array is not None and args.array_params is not None:
@@ -212,7 +215,10 @@ def _submit(runner: Runner, app: AppDef, scheduler: str, cfg: Any, args: argpars
     if cap is not None and args.max_parallel is not None:
         raise ValueError("--max-parallel: the cap is given twice (%K in --array)")
     cap = args.max_parallel if cap is None else cap
-    return runner.run_array(app, scheduler, cfg, size=size, params=params, max_parallel=cap)
+    return runner.run_array(
+        app, scheduler, cfg, size=size, params=params, max_parallel=cap, after=args.after,
+        after_condition=args.after_condition,
+    )  # fmt: skip
 
 
 def _array_range(text: str) -> tuple[int, int | None]:
@@ -508,6 +514,19 @@ def _add_run_parser(sub: Any) -> None:
     )
     run.add_argument(
         "--max-parallel", type=int, metavar="K", help="an array's elements running at once"
+    )
+    run.add_argument(
+        "--after",
+        action="append",
+        metavar="HANDLE",
+        help="start only once this app (or array) ended (repeatable; see --after-condition)",
+    )
+    run.add_argument(
+        "--after-condition",
+        choices=["ok", "any", "notok"],
+        default="ok",
+        help="with --after: they all succeeded (ok, the default), all ended (any), all ended"
+        " without success (notok); else the app ends CANCELLED",
     )
     run.add_argument("--name", help="app name (default: from the file or the command)")
     run.add_argument("--role-name", help="inline app: role name")

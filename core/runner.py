@@ -37,6 +37,7 @@ from core.specs import (
     AppState,
     AppStatus,
     Cfg,
+    is_terminal,
     make_app_handle,
     parse_app_handle,
     runopts,
@@ -242,6 +243,9 @@ class Runner:
         cfg: Cfg | None = None,
         workspace: str | None = None,
         idempotency_key: str | None = None,
+        *,
+        after: builtins.list[AppHandle] | None = None,
+        after_condition: str = "ok",
     ) -> AppHandle:
         """Submits ``app`` to ``scheduler`` (default: the default scheduler) and returns its handle.
 
@@ -249,8 +253,18 @@ class Runner:
         returned instead of submitting a second one. The lookup below is only a shortcut; the
         scheduler's ``schedule`` claims the key atomically, so two submitters racing with one
         key also get one app. A task that is retried uses :meth:`attach_or_submit`.
+
+        With ``after`` (app or array handles), the app is PENDING until they ended as
+        ``after_condition`` says: ``ok`` (all succeeded), ``any`` (all ended), ``notok`` (all
+        ended without success). When that can no longer be, it ends CANCELLED with a message
+        naming the dependency. It is then submitted by a driver process like an array's
+        element (see :meth:`run_array`); its handle stands for it whether it started or not.
         """
         scheduler = scheduler or get_default_scheduler_name()
+        if after:
+            if workspace:
+                raise ValueError("workspace: not supported with after yet")
+            return self._run_after(app, scheduler, cfg, after, after_condition, idempotency_key)
         if idempotency_key:
             existing = self.find(scheduler, idempotency_key, cfg)
             if existing:
@@ -337,6 +351,8 @@ class Runner:
         params: builtins.list[dict[str, Any]] | None = None,
         max_parallel: int | None = None,
         idempotency_key: str | None = None,
+        after: builtins.list[AppHandle] | None = None,
+        after_condition: str = "ok",
     ) -> AppHandle:
         """Runs ``app`` as an array of elements and returns the array's handle.
 
@@ -352,23 +368,19 @@ class Runner:
         :meth:`log_lines`, :meth:`result` and :meth:`cancel` of its latest attempt. The elements
         are started by a driver process that outlives this one (see :mod:`core.arrays`). With
         ``idempotency_key``, a second submit gets the same array, and each element runs once.
+        ``after``/``after_condition``: as for :meth:`run`, for every element.
 
         Raises:
             ValueError: an invalid argument (the message names it), before anything starts.
         """
-        if not self._plain:
-            raise ValueError(
-                "run_array: the array's driver makes its schedulers the default way; this runner"
-                " was given its own scheduler factories or parameters"
-            )
         scheduler = scheduler or get_default_scheduler_name()
         spec = arrays.make_spec(app, size, params, max_parallel)
-        sched = self._scheduler(scheduler)
-        # the backend's own checks of an element, before anything starts
-        sched.submit_dryrun(arrays.first_element(app, spec), sched.resolve_cfg(cfg))
+        after = self._check_after(after, after_condition)
+        self._check_driven(arrays.first_element(app, spec), scheduler, cfg)
         array_id = arrays.create_array(
-            app, scheduler, self._name, dict(cfg or {}), spec, idempotency_key
-        )
+            app, scheduler, self._name, dict(cfg or {}), spec, idempotency_key, after,
+            after_condition,
+        )  # fmt: skip
         handle = make_app_handle(scheduler, self._name, array_id)
         log.info(
             "launched array %s (%d elements, at most %d at once)",
@@ -377,6 +389,52 @@ class Runner:
             spec.max_parallel,
         )
         return handle
+
+    def _run_after(
+        self,
+        app: AppDef,
+        scheduler: str,
+        cfg: Cfg | None,
+        after: builtins.list[AppHandle],
+        condition: str,
+        key: str | None,
+    ) -> AppHandle:
+        after = self._check_after(after, condition)
+        self._check_driven(app, scheduler, cfg)
+        one = arrays.ArraySpec(1, None, 1)
+        app_id = arrays.create_array(
+            app, scheduler, self._name, dict(cfg or {}), one, key, after, condition, single=True
+        )
+        handle = make_app_handle(scheduler, self._name, app_id)
+        log.info("queued %s after %s (%s)", handle, ", ".join(after), condition)
+        return handle
+
+    def _check_after(
+        self, after: builtins.list[AppHandle] | None, condition: str
+    ) -> builtins.list[AppHandle]:
+        arrays.check_after_condition(condition)
+        if after is None:
+            return []
+        if isinstance(after, str) or not isinstance(after, (builtins.list, tuple)):
+            raise ValueError(f"after: expected a list of app handles, got {after!r}")
+        for h in after:
+            try:
+                known = self.status(h) is not None
+            except ValueError as e:
+                raise ValueError(f"after: {e}") from None
+            if not known:
+                raise ValueError(f"after: no app {h} (unknown to its scheduler)")
+        return builtins.list(after)
+
+    def _check_driven(self, app: AppDef, scheduler: str, cfg: Cfg | None) -> None:
+        """Checks what a driver process will submit, before anything starts."""
+        if not self._plain:
+            raise ValueError(
+                "scheduler: an array's (or a waiting app's) driver makes its schedulers the"
+                " default way; this runner was given its own scheduler factories or parameters"
+            )
+        sched = self._scheduler(scheduler)
+        sched.submit_dryrun(app, sched.resolve_cfg(cfg))  # (the backend's own checks)
 
     def retry_failed(self, app_handle: AppHandle) -> builtins.list[int]:
         """Runs an array's failed elements again under the same handles (each element's
@@ -403,6 +461,8 @@ class Runner:
         adir = arrays.open_array(p.scheduler_backend, p.session_name, array_id)
         if adir is None:
             raise ValueError(f"app handle: no array {app_handle} was submitted on this host")
+        if index is None and arrays.is_single(adir):
+            return adir, 0  # (an app that waited for others: the handle is its one element's)
         return adir, index
 
     def _array_status(self, app_handle: AppHandle) -> AppStatus | None:
@@ -414,6 +474,8 @@ class Runner:
             return arrays.array_status(adir)
         element = arrays.element_status(adir, index)
         if element.handle is None:
+            if not is_terminal(element.state):
+                arrays.revive(adir)
             return AppStatus(element.state, msg=element.msg)
         return self.status(element.handle)
 
@@ -473,10 +535,8 @@ class Runner:
             adir, index = self._array(app_handle)
         except ValueError:
             return None
-        if index is not None:
-            found = arrays.element_handle(adir, index)
-            return self.describe(found) if found else None
-        return arrays.requested_app(adir)
+        found = arrays.element_handle(adir, index) if index is not None else None
+        return self.describe(found) if found else arrays.requested_app(adir)
 
     def wait(
         self,

@@ -11,6 +11,7 @@ hold an ``@`` (``train@3f9c0a1b2c4d``), which no backend's app id has.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import time
@@ -19,7 +20,13 @@ from typing import Any
 
 from core.appfile import app_from_dict, app_to_dict
 from core.arrays.driver import Element, ensure_driver
-from core.arrays.spec import ArraySpec, ArraySpecError, element_app, make_spec
+from core.arrays.spec import (
+    ArraySpec,
+    ArraySpecError,
+    check_after_condition,
+    element_app,
+    make_spec,
+)
 from core.arrays.store import ArrayDir
 from core.specs import AppDef, AppState, AppStatus, ElementStatus, is_terminal, make_app_handle
 
@@ -29,17 +36,22 @@ __all__ = [
     "ArraySpecError",
     "array_status",
     "cancel_array",
+    "check_after_condition",
     "create_array",
     "element_handle",
     "element_status",
     "first_element",
     "is_array_id",
+    "is_single",
     "make_spec",
     "open_array",
     "request_retry",
     "requested_app",
+    "revive",
     "split_element_id",
 ]
+
+log = logging.getLogger(__name__)
 
 _ELEMENT_RE = re.compile(r"(?P<array>[^@\[\]]+@[0-9a-f]+)\[(?P<index>[0-9]+)\]")
 
@@ -78,9 +90,14 @@ def create_array(
     cfg: dict[str, Any],
     spec: ArraySpec,
     key: str | None = None,
+    after: list[str] | None = None,
+    condition: str = "ok",
+    single: bool = False,
 ) -> str:
     """Records the array on this host and starts its driver; returns the array id. With
-    ``key``, a second submit (after a crash, or racing) gets the same array."""
+    ``key``, a second submit (after a crash, or racing) gets the same array. With ``after``,
+    no element starts before those apps ended as ``condition`` says; ``single``: not an array
+    but one app that waits for them (its handle stands for that app)."""
     adir = ArrayDir(backend, session, _array_id(app, key))
     adir.create()
     if not adir.exists():  # (a first submit that died before recording it is completed here)
@@ -90,6 +107,9 @@ def create_array(
                 "cfg": cfg,
                 "spec": spec.to_json(),
                 "key": key,
+                "after": after or [],
+                "condition": condition,
+                "single": single,
                 "cwd": os.getcwd(),
                 "created": time.time(),
             }
@@ -102,6 +122,11 @@ def open_array(backend: str, session: str, array_id: str) -> ArrayDir | None:
     """The array's directory, or None if it was not submitted on this host."""
     adir = ArrayDir(backend, session, array_id)
     return adir if adir.exists() else None
+
+
+def is_single(adir: ArrayDir) -> bool:
+    """Whether the "array" is one app that waits for others (``Runner.run(after=...)``)."""
+    return bool((adir.request() or {}).get("single"))
 
 
 def _elements(adir: ArrayDir) -> list[Element]:
@@ -145,8 +170,8 @@ def array_status(adir: ArrayDir) -> AppStatus:
     state = _aggregate(elements, adir.cancel_requested())
     if adir.state() is None and state == AppState.PENDING:  # (its driver is starting)
         state = AppState.SUBMITTED
-    if not is_terminal(state) and not adir.driver_alive():
-        ensure_driver(adir)
+    if not is_terminal(state):
+        revive(adir)
     array_handle = make_app_handle(adir.backend, adir.session, adir.array_id)
     return AppStatus(
         state=state,
@@ -158,6 +183,13 @@ def array_status(adir: ArrayDir) -> AppStatus:
         ],
         ui_url=f"{array_handle} ({adir.path})",
     )
+
+
+def revive(adir: ArrayDir) -> None:
+    """Starts a driver for an array that has not ended if its driver died."""
+    if not adir.driver_alive():
+        log.warning("the driver of array %s is gone: starting another", adir.array_id)
+        ensure_driver(adir)
 
 
 def element_status(adir: ArrayDir, index: int) -> Element:

@@ -27,7 +27,7 @@ from core.specs import AppState, AppStatus, is_terminal, make_app_handle
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Element", "element_key", "ensure_driver", "main"]
+__all__ = ["Element", "dependency_verdict", "element_key", "ensure_driver", "main"]
 
 _TICK = 0.1  # seconds between looks while elements run
 _IDLE_TICK = 1.0  # ... after a second without change
@@ -53,6 +53,25 @@ class Element:
     def from_json(cls, data: dict[str, Any]) -> Element:
         """The record as read."""
         return cls(**{**data, "state": AppState[data["state"]]})
+
+
+def dependency_verdict(
+    after: list[str], statuses: dict[str, AppStatus | None], condition: str
+) -> tuple[bool | None, str]:
+    """Whether apps waiting for ``after`` may start (True), never will (False), or must wait
+    (None), and why (naming the dependency)."""
+    for h in after:
+        s = statuses.get(h)
+        if s is None:
+            return False, f"dependency {h} is unknown (after_condition {condition})"
+        if condition == "ok" and s.state in (AppState.FAILED, AppState.CANCELLED):
+            return False, f"dependency {h} ended {s.state.name} (after_condition ok)"
+        if condition == "notok" and s.state == AppState.SUCCEEDED:
+            return False, f"dependency {h} ended SUCCEEDED (after_condition notok)"
+    waiting = [h for h in after if not is_terminal(statuses[h].state)]  # type: ignore[union-attr]
+    if waiting:
+        return None, f"waiting for {', '.join(waiting)} (after_condition {condition})"
+    return True, ""
 
 
 def element_key(array_id: str, index: int, attempt: int) -> str:
@@ -84,6 +103,7 @@ class Driver:
         self.runner = Runner(adir.session)
         self.cancel_sent = False
         self.written = False
+        self.gate_open = False
         state = adir.state()
         self.elements = (
             [Element.from_json(e) for e in state["elements"]]
@@ -117,7 +137,7 @@ class Driver:
         self._refresh()
         if self.adir.cancel_requested():
             self._cancel()
-        else:
+        elif self._gate_open():
             self._fill_slots()
         changed = before != [e.to_json() for e in self.elements]
         if changed or not self.written:
@@ -131,6 +151,27 @@ class Driver:
             if e.state == AppState.FAILED:
                 log.info("array %s: element %d runs again", self.adir.array_id, i)
                 self.elements[i] = Element(i, attempts=e.attempts)
+
+    def _gate_open(self) -> bool:
+        """Whether the dependencies (``after``) let the elements start; when they never will,
+        the waiting elements are CANCELLED with a message naming the dependency."""
+        after: list[str] = self.request.get("after") or []
+        if self.gate_open or not after or all(e.handle for e in self.elements):
+            return True
+        statuses = self.runner.status_many(after)
+        verdict, why = dependency_verdict(after, statuses, self.request.get("condition", "ok"))
+        if verdict is None:
+            for e in self.elements:
+                if e.handle is None and e.state == AppState.PENDING:
+                    e.msg = why
+            return False
+        if not verdict:
+            for e in self.elements:
+                if e.handle is None and not is_terminal(e.state):
+                    e.state, e.msg = AppState.CANCELLED, why
+            return False
+        self.gate_open = True
+        return True
 
     def _live(self) -> list[Element]:
         return [e for e in self.elements if e.handle and not is_terminal(e.state)]
@@ -159,7 +200,9 @@ class Driver:
     def _start(self, e: Element) -> None:
         req = self.request
         array_handle = make_app_handle(self.adir.backend, self.adir.session, self.adir.array_id)
-        app = element_app(_app(req["app"]), self.spec, e.index, array_handle)
+        app = _app(req["app"])
+        if not req.get("single"):  # (an app that waited for others is no array element)
+            app = element_app(app, self.spec, e.index, array_handle)
         key = element_key(self.adir.array_id, e.index, e.attempts + 1)
         try:
             e.handle = self.runner.run(app, self.adir.backend, req["cfg"], idempotency_key=key)
@@ -204,22 +247,26 @@ def _app(data: dict[str, Any]) -> Any:
 
 
 def ensure_driver(adir: ArrayDir) -> None:
-    """Starts the array's driver unless one runs (it outlives this process)."""
-    if adir.driver_alive():
-        return
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    with open(adir.log_path, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "core.arrays", adir.path],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-            cwd=adir.request().get("cwd") if adir.request() else None,  # type: ignore[union-attr]
-        )
+    """Starts the array's driver unless one runs (it outlives this process). The lock is taken
+    here and handed down: no second driver can start while the first one starts up."""
+    with adir.driver_lock() as lock:
+        if lock is None:
+            return  # one runs
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        request = adir.request() or {}
+        with open(adir.log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "core.arrays", adir.path, str(lock)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                cwd=request.get("cwd"),
+                pass_fds=(lock,),
+            )
     # reaped here when it ends (it usually outlives this process, then init reaps it)
     threading.Thread(target=proc.wait, name="shipyard-array-driver-reaper", daemon=True).start()
 
@@ -243,11 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    with adir.driver_lock() as held:
-        if not held:
-            return 0  # another driver has it
-        _on_sigterm(adir)
-        driver = Driver(adir)
-        driver.run()
-        driver.write()
+    if len(args) > 1:  # the lock its starter took for it (see ensure_driver)
+        os.set_inheritable(int(args[1]), False)  # (what it starts must not hold it)
+        _drive(adir)
+        return 0
+    with adir.driver_lock() as lock:
+        if lock is not None:
+            _drive(adir)
     return 0
+
+
+def _drive(adir: ArrayDir) -> None:
+    _on_sigterm(adir)
+    driver = Driver(adir)
+    driver.run()
+    driver.write()

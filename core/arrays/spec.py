@@ -15,6 +15,7 @@ from core.errors import ShipyardError, short_repr
 from core.specs import AppDef, validate_app
 
 __all__ = [
+    "AFTER_CONDITIONS",
     "ARRAY_ID_ENV",
     "ArraySpec",
     "ArraySpecError",
@@ -22,6 +23,7 @@ __all__ = [
     "MAX_ELEMENTS",
     "PARAMS_ENV",
     "element_app",
+    "check_after_condition",
     "make_spec",
 ]
 
@@ -30,6 +32,9 @@ MAX_ELEMENTS = 100_000
 INDEX_ENV = "SHIPYARD_ARRAY_INDEX"
 PARAMS_ENV = "SHIPYARD_ARRAY_PARAMS"
 ARRAY_ID_ENV = "SHIPYARD_ARRAY_ID"
+#: when an app that waits for others may start: they all succeeded (ok), all ended (any), all
+#: ended without success (notok) -- Slurm's afterok, afterany, afternotok
+AFTER_CONDITIONS = ("ok", "any", "notok")
 
 # ${array_index} and ${params.NAME}; other ${...} are the schedulers' macros or the shell's
 _MACRO_RE = re.compile(r"\$\{(array_index|params\.([A-Za-z_][A-Za-z0-9_]*))\}")
@@ -55,6 +60,15 @@ class ArraySpec:
     def from_json(cls, data: Mapping[str, Any]) -> ArraySpec:
         """The inverse of :meth:`to_json`."""
         return cls(int(data["size"]), data["params"], int(data["max_parallel"]))
+
+
+def check_after_condition(value: Any) -> str:
+    """``value`` if it is one of :data:`AFTER_CONDITIONS`, else an error naming the argument."""
+    if value not in AFTER_CONDITIONS:
+        raise ArraySpecError(
+            f"after_condition: expected one of {', '.join(AFTER_CONDITIONS)}, got {short_repr(value)}"
+        )
+    return str(value)
 
 
 def _positive(value: Any, name: str) -> int:

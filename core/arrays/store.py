@@ -121,20 +121,21 @@ class ArrayDir:
 
     def driver_alive(self) -> bool:
         """Whether a driver holds the lock now."""
-        with self.driver_lock(blocking=False) as held:
-            return not held
+        with self.driver_lock() as lock:
+            return lock is None
 
     @contextmanager
-    def driver_lock(self, blocking: bool = False) -> Iterator[bool]:
-        """Holds the driver's lock for the block; yields False if another process holds it."""
+    def driver_lock(self) -> Iterator[int | None]:
+        """Holds the driver's lock for the block, yielding its file descriptor (a child given
+        it keeps the lock after the block); None if another process holds it."""
         fd = os.open(self._file("driver.lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                yield False
+                yield None
                 return
-            yield True
+            yield fd
         finally:
             os.close(fd)
 

@@ -58,9 +58,9 @@ def runs(records: str) -> dict[int, int]:
 
 
 def final(runner: Runner, handle: str, timeout: float = 240) -> AppStatus:
-    """The array's final status."""
+    """The final status of an array (or an app)."""
     status = runner.wait(handle, wait_interval=0.2, timeout=timeout)
-    assert status is not None and status.elements is not None
+    assert status is not None
     return status
 
 
@@ -183,3 +183,35 @@ def check_submitter_killed(
     assert status.state == AppState.SUCCEEDED, status
     assert runs(records) == dict.fromkeys(range(n), 1)
     assert most_at_once(records) <= 3
+
+
+def check_chain(
+    runner: Runner, backend: str, cfg: dict[str, Any], role: RoleFactory, records: str
+) -> None:
+    """A -> B (ok) -> C run in order; when A fails, B and then C end CANCELLED, each naming
+    its dependency, and never run."""
+    log = f"{records}/order"
+
+    def step(name: str, code: int = 0) -> AppDef:
+        return AppDef(name, [role(f"sleep 0.3; echo {name} >> {log}; exit {code}")])
+
+    a = runner.run(step("a"), backend, cfg)
+    b = runner.run(step("b"), backend, cfg, after=[a])
+    c = runner.run(step("c"), backend, cfg, after=[b])
+    pending = runner.status(c)
+    assert pending is not None and pending.state == AppState.PENDING
+    assert final(runner, c).state == AppState.SUCCEEDED
+    assert Path(log).read_text().split() == ["a", "b", "c"]
+    assert list(runner.log_lines(c, "w", 0)) == []  # (its own app: the line went to the file)
+
+    Path(log).unlink()
+    a = runner.run(step("a", 3), backend, cfg)
+    b = runner.run(step("b"), backend, cfg, after=[a])
+    c = runner.run(step("c"), backend, cfg, after=[b])
+    ended = runner.wait(c, wait_interval=0.2, timeout=240)
+    assert ended is not None and ended.state == AppState.CANCELLED, ended
+    assert f"dependency {b} ended CANCELLED (after_condition ok)" in ended.msg
+    b_status = runner.status(b)
+    assert b_status is not None and b_status.state == AppState.CANCELLED
+    assert f"dependency {a} ended FAILED (after_condition ok)" in b_status.msg
+    assert Path(log).read_text().split() == ["a"]

@@ -59,3 +59,9 @@ def test_submitter_killed_after_submit_changes_nothing(
     arrays.check_submitter_killed(
         docker_runner, "local_docker", {}, role_in(tmp_path), str(tmp_path), 6
     )
+
+
+def test_a_chain_runs_in_order_and_a_failure_cancels_what_waits(
+    docker_runner: Runner, tmp_path: Path
+) -> None:
+    arrays.check_chain(docker_runner, "local_docker", {}, role_in(tmp_path), str(tmp_path))

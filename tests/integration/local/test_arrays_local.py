@@ -113,7 +113,58 @@ def test_the_cli_runs_follows_and_reads_an_array(tmp_path: Path) -> None:
     assert status["counts"] == {"FAILED": 1, "SUCCEEDED": 2}
     assert [e["exit_code"] for e in status["elements"]] == [0, 0, 1]
     assert shipyard("log", f"{handle}[1]").stdout == "lr=0.01\n"
+    after = shipyard("run", "--after", handle, "--wait", "--", "true")
+    assert after.returncode == 1, after.stderr
+    assert "State: CANCELLED" in after.stdout
+    assert f"dependency {handle} ended FAILED (after_condition ok)" in after.stdout
+    after = shipyard("run", "--after", handle, "--after-condition", "any", "--wait", "--", "true")
+    assert after.returncode == 0, after.stdout + after.stderr
     bad = shipyard("run", "--array", "3-9", "--", "true")
     assert bad.returncode == 2 and "--array: expected 0-N[%K]" in bad.stderr
     bad = shipyard("run", "--array", "0-3%0", "--", "true")
     assert bad.returncode == 2 and "max_parallel: expected a positive integer, got 0" in bad.stderr
+
+
+def test_a_chain_runs_in_order_and_a_failure_cancels_what_waits(
+    runner: Runner, tmp_path: Path
+) -> None:
+    arrays.check_chain(runner, "local_cwd", {}, role, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "first, condition, then",
+    [
+        ("exit 0", "any", AppState.SUCCEEDED),
+        ("exit 1", "any", AppState.SUCCEEDED),
+        ("exit 1", "notok", AppState.SUCCEEDED),
+        ("exit 0", "notok", AppState.CANCELLED),
+    ],
+)
+def test_after_conditions(runner: Runner, first: str, condition: str, then: AppState) -> None:
+    a = runner.run(AppDef("a", [role(first)]), "local_cwd")
+    b = runner.run(AppDef("b", [role("true")]), "local_cwd", after=[a], after_condition=condition)
+    assert arrays.final(runner, b).state == then
+
+
+def test_an_array_after_an_array_waits_for_all_its_elements(runner: Runner, tmp_path: Path) -> None:
+    log = tmp_path / "order"
+    first = runner.run_array(
+        AppDef("one", [role(f"sleep 0.2; echo one >> {log}")]), "local_cwd", size=3
+    )
+    second = runner.run_array(
+        AppDef("two", [role(f"echo two >> {log}")]), "local_cwd", size=2, after=[first]
+    )
+    assert arrays.final(runner, second).state == AppState.SUCCEEDED
+    assert log.read_text().split() == ["one"] * 3 + ["two"] * 2
+
+
+def test_bad_dependencies_are_refused_before_anything_starts(runner: Runner) -> None:
+    app = AppDef("x", [role("true")])
+    with pytest.raises(ValueError, match=r"after: no app local_cwd://shipyard/nope-1 \(unknown"):
+        runner.run(app, "local_cwd", after=["local_cwd://shipyard/nope-1"])
+    with pytest.raises(ValueError, match=r"after: app handle: expected"):
+        runner.run(app, "local_cwd", after=["not a handle"])
+    with pytest.raises(ValueError, match=r"after_condition: expected one of ok, any, notok"):
+        runner.run(app, "local_cwd", after=["local_cwd://shipyard/x"], after_condition="done")
+    with pytest.raises(ValueError, match=r"after: expected a list of app handles"):
+        runner.run(app, "local_cwd", after="local_cwd://shipyard/x")  # type: ignore[arg-type]

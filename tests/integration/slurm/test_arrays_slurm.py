@@ -55,3 +55,10 @@ def test_submitter_killed_after_submit_changes_nothing(
 ) -> None:
     records = str(cluster.scratch)
     arrays.check_submitter_killed(slurm_runner, "slurm", cluster.cfg(), role, records, 6)
+
+
+@pytest.mark.parametrize("cluster", ["local", "rest"], indirect=True)
+def test_a_chain_runs_in_order_and_a_failure_cancels_what_waits(
+    slurm_runner: Runner, cluster: Cluster
+) -> None:
+    arrays.check_chain(slurm_runner, "slurm", cluster.cfg(), role, str(cluster.scratch))
