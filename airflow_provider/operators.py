@@ -32,6 +32,13 @@ from airflow_provider._common import (
     make_runner,
     to_app_def,
 )
+from airflow_provider.arrays import (
+    ArrayArgs,
+    CountsLog,
+    check_allow_failures,
+    finish_array,
+    submit_array,
+)
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_url
 from airflow_provider.triggers import ShipyardJobTrigger
@@ -104,12 +111,22 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             job is cancelled and the task fails (:class:`ShipyardJobSilentError`, naming the
             silent replicas and their last lines): the hung-collective case. None: the app's
             own (its ``metadata.max_silence``), else no limit
+        array_size: run the app as an array of that many elements (``Runner.run_array``)
+        array_params: ... or one element per mapping of this list (templated: e.g. an
+            upstream task's XCom; a string is read as JSON)
+        max_parallel: an array's elements running at once (default: all)
+        allow_failures: how many of an array's elements may fail with the task succeeding.
+            A retry of the task runs the array's failed elements again (same handle)
+        after: app or array handles this task's job waits for (templated, e.g. upstream
+            tasks' return values); ``after_condition``: ``ok`` (default), ``any``, ``notok``
 
     Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
     and ``state`` (the app state's name). Once the job ended, also ``result`` (what replicas
     wrote to ``$SHIPYARD_RESULT_FILE``: ``{role: {replica id: value}}``; an invalid one is a
     warning in the log) and ``usage`` (``{"role/k": {wall_time, cpu_time, peak_memory, ...}}``,
-    also summed up in the log). The task fails with the job's state, exit codes and last log
+    also summed up in the log). An array pushes ``array_states`` (each element's state) and
+    ``result`` as a list, one entry per element, and logs its counts as they change and the last
+    lines of each failed element. The task fails with the job's state, exit codes and last log
     lines when the job does not succeed. Killing the task (marked failed,
     ``execution_timeout``, ...) cancels the job.
     """
@@ -123,6 +140,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         "session_name",
         "shipyard_conn_id",
         "ui_url",
+        "array_params",
+        "after",
     )
     template_ext: Sequence[str] = APP_FILE_EXTS
     template_fields_renderers = {"app": "yaml", "cfg": "json", "env": "json"}
@@ -146,10 +165,23 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         ui_url: str | None = None,
         preflight: bool = False,
         max_silence: float | None = None,
+        array_size: int | None = None,
+        array_params: Any = None,
+        max_parallel: int | None = None,
+        allow_failures: int = 0,
+        after: Any = None,
+        after_condition: str = "ok",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.max_silence = check_max_silence(max_silence)
+        self.array_size, self.array_params, self.max_parallel = (
+            array_size,
+            array_params,
+            max_parallel,
+        )
+        self.allow_failures = check_allow_failures(allow_failures)
+        self.after, self.after_condition = after, after_condition
         if not isinstance(app, AppDef | Mapping | str | os.PathLike):
             raise ValueError(
                 "app: expected an AppDef, a dict or the path of a YAML app file,"
@@ -310,6 +342,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         app = self._app_def()
         base, try_number = self._base_key(context), self._try_number(context)
         self._submit_key = attempt_key(base, try_number)  # (on_kill finds a job in flight by it)
+        array = ArrayArgs(self.array_size, self.array_params, self.max_parallel)
+        if array.wanted or self.after:
+            return self._submit_driven(context, app, array, base, try_number)
         with self._runner() as runner:
             sub = runner.attach_or_submit(
                 app,
@@ -326,6 +361,28 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             self.log.info("submitted %s (key %s)", sub.handle, sub.key)
         context["ti"].xcom_push(key="app_id", value=parse_app_handle(sub.handle).app_id)
         return sub.handle
+
+    def _submit_driven(
+        self, context: Context, app: AppDef, array: ArrayArgs, base: str, try_number: int
+    ) -> AppHandle:
+        """Submits an array, or an app that waits for others (``after``)."""
+        after = [self.after] if isinstance(self.after, str) else self.after
+        with self._runner() as runner:
+            if array.wanted:
+                handle = submit_array(
+                    runner, app, self._scheduler_name, self._cfg(), array, base, try_number,
+                    after, self.log,
+                )  # fmt: skip
+            else:
+                handle = runner.run(
+                    app, self._scheduler_name, self._cfg(), self.workspace,
+                    idempotency_key=self._submit_key, after=after,
+                    after_condition=self.after_condition,
+                )  # fmt: skip
+        self._handle = handle
+        self.log.info("submitted %s (key %s)", handle, base)
+        context["ti"].xcom_push(key="app_id", value=parse_app_handle(handle).app_id)
+        return handle
 
     def get_job_status(self, external_id: Any, context: Context) -> str:
         with self._runner() as runner:
@@ -455,6 +512,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             final_usage=True,
             known_usage=usage,
             read_result=True,
+            on_status=CountsLog(self.log),
         )
         try:
             return watch.run()
@@ -482,6 +540,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
     def _finish(self, runner: Runner, context: Context, end: WatchEnd) -> AppHandle:
         handle, status = end.handle, end.status
         self._push(context, handle, status)
+        if status is not None and status.elements is not None and status.is_terminal():
+            return finish_array(runner, context, handle, status, self.allow_failures, self.log)
         if status is not None and status.is_terminal():
             self._push_outcome(context, status, end.result)
         try:

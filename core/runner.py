@@ -713,6 +713,11 @@ class Runner:
             ValueError: the app is unknown (the message names the handle).
             NotImplementedError: its scheduler does not collect results.
         """
+        if arrays.is_array_id(parse_app_handle(app_handle).app_id):
+            adir, index = self._array(app_handle)
+            element = arrays.element_status(adir, index) if index is not None else None
+            if element is not None and element.handle is None:  # (it never started)
+                return AppResult(app_handle, element.state, [])
         app_handle = self._element_app(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         desc = sched.describe(app_id)

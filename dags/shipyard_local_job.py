@@ -3,6 +3,9 @@
 * ``train`` submits a two-role app (2 trainers + 1 reporter) from the Jinja-templated app file
   ``apps/train.yaml`` and waits for it; the job's log lines show up in the task log, prefixed by
   ``role/replica``.
+* ``sweep`` runs one app as an array: one element per learning rate (``array_params``, which
+  could as well come from an upstream task's XCom), at most two at once; its XComs
+  ``array_states`` and ``result`` have one entry per element.
 * ``evaluate`` submits a second app (given as a dict) and returns at once with its handle.
 * ``wait_for_evaluate`` is a sensor in a separate task that waits for that handle (pulled from
   XCom) to succeed.
@@ -35,6 +38,27 @@ with DAG(
         poll_interval=1.0,
     )
 
+    sweep = ShipyardOperator(
+        task_id="sweep",
+        app={
+            "name": "sweep",
+            "roles": [
+                {
+                    "name": "point",
+                    "entrypoint": "sh",
+                    "args": [
+                        "-c",
+                        'echo "lr=${params.lr}"; echo "{\\"lr\\": ${params.lr}}" > "$SHIPYARD_RESULT_FILE"',
+                    ],
+                }
+            ],
+        },
+        scheduler="local_cwd",
+        array_params='[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}]',
+        max_parallel=2,
+        poll_interval=1.0,
+    )
+
     evaluate = ShipyardOperator(
         task_id="evaluate",
         app={
@@ -58,7 +82,7 @@ with DAG(
         timeout=300,
     )
 
-    train >> evaluate >> wait_for_evaluate
+    train >> sweep >> evaluate >> wait_for_evaluate
 
 
 if __name__ == "__main__":

@@ -502,7 +502,7 @@ class JobWatch:
         if self.final_usage:
             fill_usage(status.roles, self.known_usage or {})
             end.status = yield _Call(with_usage, status, self._status_now)
-        if self.read_result:
+        if self.read_result and status.elements is None:  # (an array's are its elements')
             try:
                 end.result = yield _Call(self.source.result, self.handle)
             except NotImplementedError:  # a scheduler that collects no results

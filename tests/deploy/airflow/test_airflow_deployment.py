@@ -80,6 +80,12 @@ def test_local_example_dag(airflow_api: AirflowAPI) -> None:
     assert run.job_lines("train", "reporter/0 ") == [f"reporter/0 reporter: summary for {day}"]
     assert run.xcom("train", "state") == "SUCCEEDED"
     assert run.xcom("wait_for_evaluate") == "SUCCEEDED"
+    # the array task: one entry per element, through the REST API
+    assert run.xcom("sweep", "array_states") == ["SUCCEEDED"] * 3
+    assert run.xcom("sweep", "result") == [
+        {"point": {"0": {"lr": lr}}} for lr in (0.1, 0.01, 0.001)
+    ]
+    assert "elements: 3 SUCCEEDED (of 3)" in "\n".join(run.log_events("sweep"))
 
 
 def test_deferrable_example_dag(airflow_api: AirflowAPI) -> None:

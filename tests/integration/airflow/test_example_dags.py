@@ -48,9 +48,14 @@ def test_local_job_dag(run_dag: Any) -> None:
     result = run_dag("shipyard_local_job")
     assert result.states == {
         "train": "success",
+        "sweep": "success",
         "evaluate": "success",
         "wait_for_evaluate": "success",
     }
+    assert result.xcom("sweep", "array_states") == ["SUCCEEDED"] * 3
+    assert result.xcom("sweep", "result") == [
+        {"point": {"0": {"lr": lr}}} for lr in (0.1, 0.01, 0.001)
+    ]
     # the templated app file: params and run_id rendered, lines in order per replica
     for k in (0, 1):
         assert result.job_lines(f"trainer/{k} ") == [
