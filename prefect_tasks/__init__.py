@@ -16,6 +16,15 @@ Deployments run as Shipyard jobs on a work pool of type ``shipyard`` (:mod:`pref
 from __future__ import annotations
 
 from core.errors import JobCancelledError
+from prefect_tasks.arrays import (
+    ArrayResult,
+    run_array_job,
+    run_array_job_async,
+    submit_array,
+    submit_array_async,
+    wait_for_array,
+    wait_for_array_async,
+)
 from prefect_tasks.blocks import ShipyardBackend, SlurmCluster
 from prefect_tasks.flows import JobResult, cancel_flow_run_jobs, run_job, run_job_async
 from prefect_tasks.tasks import (
@@ -32,6 +41,7 @@ from prefect_tasks.tasks import (
 )
 
 __all__ = [
+    "ArrayResult",
     "JobCancelledError",
     "JobResult",
     "ShipyardBackend",
@@ -43,6 +53,12 @@ __all__ = [
     "get_job_result_async",
     "run_job",
     "run_job_async",
+    "run_array_job",
+    "run_array_job_async",
+    "submit_array",
+    "submit_array_async",
+    "wait_for_array",
+    "wait_for_array_async",
     "stream_job_logs",
     "stream_job_logs_async",
     "submit_job",

@@ -425,3 +425,26 @@ def async_twin(
     twin.__name__ = twin.__qualname__ = f"{fn.__name__}_async"
     twin.__doc__ = doc
     return twin
+
+
+def publish_table(rows: list[dict[str, Any]], description: str, logger: Any) -> None:
+    """A table artifact of the current run (nothing outside a run, or if the API refuses: the
+    log has the figures)."""
+    try:
+        from prefect.artifacts import acreate_table_artifact, create_table_artifact
+
+        if _loop_running():
+            create_table_artifact(rows, description=description)
+        else:  # (in the thread of an async task's body the sync call would only hand back a
+            # coroutine: the async one is run to its end on a loop of this thread's own)
+            asyncio.run(acreate_table_artifact(rows, description=description))
+    except Exception as e:
+        logger.debug("no artifact %r: %s", description, e)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

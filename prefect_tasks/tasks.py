@@ -21,7 +21,6 @@ never be skipped because an earlier run had the same inputs. Options such as ``r
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 from collections.abc import Callable, Coroutine, Mapping
@@ -71,7 +70,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter[Any]:
+def run_logger() -> logging.Logger | logging.LoggerAdapter[Any]:
     """The Prefect run logger, or a plain logger when called outside a run (``task.fn(...)``)."""
     from prefect import get_run_logger
     from prefect.exceptions import MissingContextError
@@ -128,7 +127,7 @@ def _async_task(
 # --------------------------------------------------------------------------------------------
 
 
-def _with_cluster(
+def with_cluster(
     scheduler: str | None, cfg: Cfg | None, cluster_name: str | None
 ) -> tuple[str, Cfg | None]:
     """The scheduler and cfg of a submission to ``cluster_name`` (if any)."""
@@ -167,9 +166,9 @@ def submit_job(
         ValueError: bad input, naming the field, before anything is submitted.
     """
     backend = resolve_backend(scheduler, cfg)
-    name, cfg = _with_cluster(backend.scheduler, backend.cfg, use_cluster(cluster))
+    name, cfg = with_cluster(backend.scheduler, backend.cfg, use_cluster(cluster))
     _check_submit_args(name, cfg, workspace, idempotency_key)
-    logger = _logger()
+    logger = run_logger()
     appdef = jobs.resolve_app(app)
     key = idempotency_key or jobs.derive_idempotency_key(appdef, name, cfg, workspace)
     jobs.guard_flow_run()
@@ -244,7 +243,7 @@ def wait_for_job(
     _check_positive(timeout, "timeout")
     _check_positive(poll_interval, "poll_interval", allow_none=False)
     _check_positive(cancel_check_interval, "cancel_check_interval")
-    logger = _logger()
+    logger = run_logger()
     stop = waiting.CancelWatch(cancel_check_interval)
     with runner_for(cluster) as runner:
         watch = JobWatch(
@@ -289,25 +288,7 @@ def _report_usage(handle: AppHandle, status: AppStatus | None, logger: Any) -> N
         for rs in status.roles
         for r in rs.replicas
     ]  # fmt: skip
-    description = f"Shipyard job {handle}: usage per replica"
-    try:
-        from prefect.artifacts import acreate_table_artifact, create_table_artifact
-
-        if _loop_running():
-            create_table_artifact(rows, description=description)
-        else:  # (in the thread of an async task's body the sync call would only hand back a
-            # coroutine: the async one is run to its end on a loop of this thread's own)
-            asyncio.run(acreate_table_artifact(rows, description=description))
-    except Exception as e:  # outside a run, or the API refused: the log has the figures
-        logger.debug("no usage artifact for %s: %s", handle, e)
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+    jobs.publish_table(rows, f"Shipyard job {handle}: usage per replica", logger)
 
 
 wait_for_job_async = _async_task(
@@ -388,7 +369,7 @@ def stream_job_logs(
     _check_positive(timeout, "timeout")
     _check_positive(cancel_check_interval, "cancel_check_interval")
     stop = waiting.CancelWatch(cancel_check_interval)
-    logger = _logger()
+    logger = run_logger()
     lines: collections.deque[str] = collections.deque(maxlen=max_lines)
 
     def take(line: LogLine) -> None:
@@ -449,7 +430,7 @@ def cancel_job(
     """
     _check_handle(handle)
     _check_positive(timeout, "timeout", allow_none=False)
-    logger = _logger()
+    logger = run_logger()
     with runner_for(cluster) as runner:
         runner.cancel(handle)
         jobs.untrack(handle)
@@ -500,7 +481,7 @@ def get_job_result(
         NotImplementedError: its scheduler does not collect results.
     """
     _check_handle(handle)
-    logger = _logger()
+    logger = run_logger()
     with runner_for(cluster) as runner:
         result = runner.result(handle)
     for error in result.errors:
