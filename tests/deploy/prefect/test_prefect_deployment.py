@@ -82,6 +82,20 @@ def test_local_deployment_completes(prefect_api: str, deploy_runner: Any) -> Non
     run.wait_log(f"Shipyard job {handle} ended SUCCEEDED (exit code 0)")
 
 
+def test_a_deployment_runs_an_array_through_the_worker(prefect_api: str) -> None:
+    run = start_run(deploy("array_sweep", {"scheduler": "local_cwd"}), {"n": 5})
+    assert run.wait() == "COMPLETED", run.logs()
+    run.wait_log("squares [0, 1, 4, 9, 16]")
+    # (the counts are in the log of run_array_job's subflow run, forwarded by the worker)
+    name = run.read().name
+
+    def counts_forwarded() -> bool:
+        lines = worker_log().splitlines()
+        return any(name in ln and "elements: 5 SUCCEEDED (of 5)" in ln for ln in lines)
+
+    wait_until(counts_forwarded, 60, "the counts in the worker's log")
+
+
 def test_docker_deployment_completes(prefect_api: str, deploy_runner: Any) -> None:
     require("docker", docker_problem())
     from importlib.metadata import version

@@ -67,3 +67,25 @@ def numbered_lines(tag: str, gate: str, every: float = 0.2, limit: int = 3000) -
         time.sleep(every)
     print(f"{tag} end {n}", flush=True)
     return n
+
+
+@flow
+def array_sweep(n: int = 4) -> list[int]:
+    """Runs a local array of ``n`` elements (at most 2 at once) from inside the flow's
+    Shipyard job and logs each element's result."""
+    from prefect_tasks import run_array_job
+
+    app = {
+        "name": "sweep",
+        "roles": [
+            {
+                "name": "sq",
+                "entrypoint": "sh",
+                "args": ["-c", 'echo "$((${params.x} * ${params.x}))" > "$SHIPYARD_RESULT_FILE"'],
+            }
+        ],
+    }
+    result = run_array_job(app, params=[{"x": i} for i in range(n)], max_parallel=2)
+    squares = [r["sq"][0] if r else -1 for r in result.results]
+    get_run_logger().info("squares %s", squares)
+    return squares
