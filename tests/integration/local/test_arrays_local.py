@@ -168,3 +168,34 @@ def test_bad_dependencies_are_refused_before_anything_starts(runner: Runner) -> 
         runner.run(app, "local_cwd", after=["local_cwd://shipyard/x"], after_condition="done")
     with pytest.raises(ValueError, match=r"after: expected a list of app handles"):
         runner.run(app, "local_cwd", after="local_cwd://shipyard/x")  # type: ignore[arg-type]
+
+
+def test_a_killed_driver_is_replaced_and_every_element_runs_once(
+    runner: Runner, tmp_path: Path
+) -> None:
+    import os
+    import signal
+
+    from core.arrays import open_array
+    from core.specs import parse_app_handle
+    from tests.helpers import wait_until
+
+    app = AppDef("orphan", [role(arrays.recording(str(tmp_path), "sleep 0.3"))])
+    handle = runner.run_array(app, "local_cwd", size=8, max_parallel=2)
+    p = parse_app_handle(handle)
+    adir = open_array(p.scheduler_backend, p.session_name, p.app_id)
+    assert adir is not None
+
+    def driver_pid() -> int | None:
+        state = adir.state()
+        started = state is not None and any(e["handle"] for e in state["elements"])
+        return int(state["pid"]) if started else None
+
+    pid = wait_until(driver_pid, 60, "the driver to start elements")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not adir.driver_alive(), 30, "the killed driver's lock to go")
+    status = arrays.final(runner, handle)  # (a status read starts a new driver)
+    assert status.state == AppState.SUCCEEDED, status
+    assert arrays.runs(str(tmp_path)) == dict.fromkeys(range(8), 1)
+    assert arrays.most_at_once(str(tmp_path)) <= 2
+    assert driver_pid() != pid
