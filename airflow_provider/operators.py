@@ -121,7 +121,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             tasks' return values); ``after_condition``: ``ok`` (default), ``any``, ``notok``
 
     Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
-    and ``state`` (the app state's name). Once the job ended, also ``result`` (what replicas
+    and ``state`` (the app state's name). Once the job ended, also ``reason`` (why it ended:
+    ``exit_code``, ``oom``, ``timeout``, ``cancelled``, ... see :class:`core.specs.Reason`),
+    ``result`` (what replicas
     wrote to ``$SHIPYARD_RESULT_FILE``: ``{role: {replica id: value}}``; an invalid one is a
     warning in the log) and ``usage`` (``{"role/k": {wall_time, cpu_time, peak_memory, ...}}``,
     also summed up in the log). An array pushes ``array_states`` (each element's state) and
@@ -540,6 +542,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
     def _finish(self, runner: Runner, context: Context, end: WatchEnd) -> AppHandle:
         handle, status = end.handle, end.status
         self._push(context, handle, status)
+        if status is not None and status.reason:
+            context["ti"].xcom_push(key="reason", value=str(status.reason))
         if status is not None and status.elements is not None and status.is_terminal():
             return finish_array(runner, context, handle, status, self.allow_failures, self.log)
         if status is not None and status.is_terminal():

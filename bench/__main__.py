@@ -1,7 +1,8 @@
 """``python -m bench``: every hot path of Shipyard beside its physical limit, in one run.
 
     python -m bench                       # everything (skips backends whose service is missing)
-    python -m bench --only local,startup  # some sections: local, docker, slurm, remote, airflow, prefect, startup
+    python -m bench --only local,startup  # some sections: local, arrays, docker, slurm, remote,
+                                          # airflow, prefect, startup
     python -m bench --runs 9              # runs per row (medians; fast paths repeat more)
     python -m bench --json out.json       # default: bench/results/latest.json
     python -m bench --markdown            # also print the table as Markdown (for the README)
@@ -20,13 +21,15 @@ import tempfile
 import time
 from collections.abc import Callable
 
-SECTIONS = ("local", "docker", "slurm", "remote", "airflow", "prefect", "startup")
+SECTIONS = ("local", "arrays", "docker", "slurm", "remote", "airflow", "prefect", "startup")
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
 
 def _load(name: str) -> Callable[..., list]:  # type: ignore[type-arg]
     if name == "local":
         from bench import local_bench as m
+    elif name == "arrays":
+        from bench import arrays_bench as m  # type: ignore[no-redef]
     elif name == "docker":
         from bench import docker_bench as m  # type: ignore[no-redef]
     elif name == "slurm":

@@ -6,6 +6,7 @@ python -m bench._worker mem-raw N
 python -m bench._worker airflow-triggers HANDLES_FILE SECONDS
 python -m bench._worker trigger-load HANDLES_FILE INTERVAL SECONDS
 python -m bench._worker line-latency HANDLE deferrable|blocking
+python -m bench._worker array-follow HANDLE RUNS
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 
 def _rss() -> dict[str, int]:
@@ -258,6 +260,108 @@ def line_latency(handle: str, mode: str) -> dict[str, list[float]]:
     return {"delays": delays}
 
 
+#: the scheduler methods that reach the backend (counted by ``array-follow``)
+BACKEND_METHODS = (
+    "submit", "schedule", "submit_dryrun", "describe", "describe_many", "list", "exists",
+    "find_by_idempotency_key", "log_iter", "cancel", "read_results",
+)  # fmt: skip
+
+
+def array_follow(handle: str, runs: int) -> dict[str, Any]:
+    """Follows the array ``handle`` from a fresh process, as a watcher does: ``runs`` rounds of
+    timed ``runner.status(handle)`` beside reading and parsing the array's ``state.json``, then
+    ``runner.wait(handle)`` to its end; counts the status reads of the array and every call
+    into a scheduler meanwhile (outermost calls only: ``describe_many`` is one), and gives the
+    process's RSS before following and at its peak."""
+    from collections import Counter
+
+    from bench.harness import interleave, repeat_timed
+    from core import arrays
+    from core.runner import Runner, get_runner
+    from core.schedulers.local.scheduler import LocalScheduler
+    from core.specs import parse_app_handle
+
+    runner = get_runner("bench")
+    p = parse_app_handle(handle)
+    deadline = time.monotonic() + 60
+    while (adir := arrays.open_array(p.scheduler_backend, p.session_name, p.app_id)) is None or (
+        adir.state() is None
+    ):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{handle}: no state.json after 60 s")
+        time.sleep(0.01)
+    state_file = os.path.join(adir.path, "state.json")
+    rss_before = _rss()["VmRSS"]
+
+    calls: Counter[str] = Counter()
+    depth = [0]
+
+    def counted(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if depth[0] == 0:
+                calls[name] += 1
+            depth[0] += 1
+            try:
+                return real(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return call
+
+    for name in BACKEND_METHODS:
+        setattr(LocalScheduler, name, counted(name, getattr(LocalScheduler, name)))
+    reads = [0]
+    real_status = Runner.status
+
+    def status(self: Runner, h: str) -> Any:
+        if h == handle:
+            reads[0] += 1
+        return real_status(self, h)
+
+    Runner.status = status  # type: ignore[assignment,method-assign]
+
+    first = runner.status(handle)
+    if first is None or first.elements is None or first.is_terminal():
+        raise RuntimeError(f"{handle}: not a running array ({first and first.state})")
+    inner = 10
+
+    def raw_once() -> None:
+        with open(state_file, "rb") as f:
+            json.loads(f.read())
+
+    samples = interleave(
+        {
+            "shipyard": lambda: repeat_timed(lambda: runner.status(handle), inner),
+            "raw": lambda: repeat_timed(raw_once, inner),
+        },
+        runs,
+        warmup=1,
+    )
+    last = runner.status(handle)
+    timed_reads, timed_calls = reads[0], sum(calls.values())
+    t0 = time.monotonic()
+    end = runner.wait(handle, timeout=600)
+    waited = time.monotonic() - t0
+    if end is None:
+        raise RuntimeError(f"{handle}: unknown at its end")
+    return {
+        **samples,
+        "elements": len(first.elements),
+        "state_bytes": os.path.getsize(state_file),
+        "counts_first": first.counts(),
+        "counts_last": None if last is None else last.counts(),
+        "timed_reads": timed_reads,
+        "timed_calls": timed_calls,
+        "reads": reads[0],
+        "calls": dict(calls),
+        "wait_seconds": waited,
+        "end_state": end.state.name,
+        "end_counts": end.counts(),
+        "rss_before": rss_before,
+        **_rss(),
+    }
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "local-describe":
@@ -272,6 +376,8 @@ def main(argv: list[str]) -> int:
         res = trigger_load(argv[1], float(argv[2]), float(argv[3]))
     elif cmd == "line-latency":
         res = line_latency(argv[1], argv[2])
+    elif cmd == "array-follow":
+        res = array_follow(argv[1], int(argv[2]))
     else:
         print(f"unknown command {cmd!r}", file=sys.stderr)
         return 2

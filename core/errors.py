@@ -44,6 +44,9 @@ class JobSilentError(ShipyardError, RuntimeError):
         silent: the silent replicas (``role/k``)
     """
 
+    #: why the job ended (``core.specs.Reason.SILENT``)
+    reason = "silent"
+
     def __init__(self, message: str, handle: str, silent: list[str]) -> None:
         super().__init__(message)
         self.handle = handle

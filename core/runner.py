@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from core import arrays
 from core.errors import ShipyardError
+from core.reasons import fill_reasons
 from core.reports import AppResult, Problem, problem_from_error
 from core.schedulers import SchedulerFactory, get_default_scheduler_name, get_scheduler_factories
 from core.schedulers.api import ListAppResponse, Scheduler, Stream
@@ -78,6 +79,8 @@ class AppFailedError(ShipyardError, RuntimeError):
         self.status = status
         self.state = status.state if status else AppState.UNKNOWN
         self.exit_codes = status.exit_codes() if status else {}
+        #: why it ended (a :class:`core.specs.Reason` value), if known
+        self.reason = status.reason if status else None
         self.last_lines = dict(last_lines or {})
         super().__init__(self._message())
 
@@ -95,6 +98,8 @@ class AppFailedError(ShipyardError, RuntimeError):
         head = f"app {self.handle} ended {self.state.name}"
         if codes:
             head += f" (exit codes: {codes})"
+        if self.reason not in (None, "exit_code", self.state.name.lower()):
+            head += f", reason {self.reason}"
         if self.status and self.status.msg and self.status.msg != NONE:
             head += f": {self.status.msg}"
         parts = [head]
@@ -476,7 +481,7 @@ class Runner:
         if element.handle is None:
             if not is_terminal(element.state):
                 arrays.revive(adir)
-            return AppStatus(element.state, msg=element.msg)
+            return AppStatus(element.state, msg=element.msg, reason=element.reason)
         return self.status(element.handle)
 
     def _element_app(self, app_handle: AppHandle) -> AppHandle:
@@ -764,13 +769,16 @@ class Runner:
 def _to_status(desc: Any) -> AppStatus | None:
     if desc is None:
         return None
-    return AppStatus(
-        state=desc.state,
-        num_restarts=max(desc.num_restarts, 0),
-        msg="" if desc.msg == NONE else desc.msg,
-        structured_error_msg=desc.structured_error_msg,
-        ui_url=desc.ui_url,
-        roles=list(desc.roles_statuses),
+    return fill_reasons(
+        AppStatus(
+            state=desc.state,
+            num_restarts=max(desc.num_restarts, 0),
+            msg="" if desc.msg == NONE else desc.msg,
+            structured_error_msg=desc.structured_error_msg,
+            ui_url=desc.ui_url,
+            roles=list(desc.roles_statuses),
+            reason=desc.reason,
+        )
     )
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "NAME_PATTERN",
     "NULL_RESOURCE",
     "ParsedAppHandle",
+    "Reason",
     "ReplicaState",
     "ReplicaStatus",
     "Resource",
@@ -432,9 +433,26 @@ class AppState(IntEnum):
         return self.name
 
 
+class Reason(StrEnum):
+    """Why an app or replica ended (``reason`` of its status): for code; the message stays
+    human."""
+
+    EXIT_CODE = "exit_code"  #: its program exited (0 for success)
+    SIGNAL = "signal"  #: a signal ended it (exit code -N)
+    OOM = "oom"  #: the out-of-memory killer
+    TIMEOUT = "timeout"  #: its time limit
+    PREEMPTED = "preempted"  #: the scheduler took its resources for other work
+    NODE_FAILURE = "node_failure"  #: its node failed
+    CANCELLED = "cancelled"  #: someone cancelled it
+    SUBMIT_INTERRUPTED = "submit_interrupted"  #: its submission did not complete
+    SILENT = "silent"  #: cancelled for printing nothing for max_silence (a hang)
+    DEPENDENCY = "dependency"  #: what it waited for ended so that it could never start
+
+
 _TERMINAL_STATES = frozenset({AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED})
 
 ReplicaState = AppState
+_STATES_BY_NAME: dict[str, AppState] = dict(AppState.__members__)
 
 
 def is_terminal(state: AppState) -> bool:
@@ -519,6 +537,8 @@ class ReplicaStatus:
     structured_error_msg: str = NONE
     exit_code: int | None = None
     usage: ResourceUsage | None = None
+    #: why it ended (a :class:`Reason` value); None while it runs
+    reason: str | None = None
 
 
 @dataclass
@@ -551,10 +571,22 @@ class ElementStatus:
     exit_code: int | None = None
     attempts: int = 0
     msg: str = ""
+    reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready form of this status."""
-        return {**asdict(self), "state": self.state.name}
+        return {**self.__dict__, "state": self.state.name}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ElementStatus:
+        """The inverse of :meth:`to_json`."""
+        # (positional, states from a plain dict: an array's status builds one per element,
+        # bench row "array follow: status of a running 1,000-element array")
+        d = data
+        state = _STATES_BY_NAME[d["state"]]
+        return cls(
+            d["index"], state, d["handle"], d["exit_code"], d["attempts"], d["msg"], d.get("reason")
+        )
 
 
 @dataclass
@@ -571,6 +603,8 @@ class AppStatus:
     ui_url: str | None = None
     roles: list[RoleStatus] = field(default_factory=list)
     elements: list[ElementStatus] | None = None
+    #: why it ended (a :class:`Reason` value, see :func:`fill_reasons`); None while it runs
+    reason: str | None = None
 
     def counts(self) -> dict[str, int]:
         """How many elements of an array are in each state, by name (empty for an app)."""
@@ -591,6 +625,7 @@ class AppStatus:
         """A JSON-ready form of this status."""
         return {
             "state": self.state.name,
+            "reason": self.reason,
             "num_restarts": self.num_restarts,
             "msg": self.msg,
             "structured_error_msg": self.structured_error_msg,
@@ -605,7 +640,8 @@ class AppStatus:
 
     def format(self) -> str:
         """A human-readable, multi-line summary."""
-        lines = [f"State: {self.state.name}", f"Num Restarts: {self.num_restarts}"]
+        state = f"{self.state.name} ({self.reason})" if self.reason else self.state.name
+        lines = [f"State: {state}", f"Num Restarts: {self.num_restarts}"]
         if self.msg:
             lines.append(f"Msg: {self.msg}")
         if self.ui_url:

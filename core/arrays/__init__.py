@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from core.appfile import app_from_dict, app_to_dict
-from core.arrays.driver import Element, ensure_driver
+from core.arrays.driver import ensure_driver
 from core.arrays.spec import (
     ArraySpec,
     ArraySpecError,
@@ -28,7 +28,15 @@ from core.arrays.spec import (
     make_spec,
 )
 from core.arrays.store import ArrayDir
-from core.specs import AppDef, AppState, AppStatus, ElementStatus, is_terminal, make_app_handle
+from core.specs import (
+    AppDef,
+    AppState,
+    AppStatus,
+    ElementStatus,
+    Reason,
+    is_terminal,
+    make_app_handle,
+)
 
 __all__ = [
     "ArrayDir",
@@ -129,15 +137,15 @@ def is_single(adir: ArrayDir) -> bool:
     return bool((adir.request() or {}).get("single"))
 
 
-def _elements(adir: ArrayDir) -> list[Element]:
-    state = adir.state()
+def _elements(adir: ArrayDir, state: dict[str, Any] | None = None) -> list[ElementStatus]:
+    state = state if state is not None else adir.state()
     if state is not None:
-        return [Element.from_json(e) for e in state["elements"]]
+        return [ElementStatus.from_json(e) for e in state["elements"]]
     request = adir.request() or {}
-    return [Element(i) for i in range(int(request["spec"]["size"]))]
+    return [ElementStatus(i, AppState.PENDING) for i in range(int(request["spec"]["size"]))]
 
 
-def _aggregate(elements: list[Element], cancelled: bool) -> AppState:
+def _aggregate(elements: list[ElementStatus], cancelled: bool) -> AppState:
     states = {e.state for e in elements}
     if not all(is_terminal(s) for s in states):
         started = any(e.handle for e in elements)
@@ -147,7 +155,7 @@ def _aggregate(elements: list[Element], cancelled: bool) -> AppState:
     return AppState.CANCELLED if cancelled or AppState.FAILED not in states else AppState.FAILED
 
 
-def _message(elements: list[Element]) -> str:
+def _message(elements: list[ElementStatus]) -> str:
     failed = [e for e in elements if e.state == AppState.FAILED]
     if not failed:
         return ""
@@ -159,28 +167,41 @@ def _message(elements: list[Element]) -> str:
     return f"{len(failed)} of {len(elements)} elements failed: {shown}{more}"
 
 
+def _reason(elements: list[ElementStatus], state: AppState) -> str | None:
+    """Why an ended array ended: its elements' reason (the first of the failed ones')."""
+    if not is_terminal(state):
+        return None
+    if state == AppState.SUCCEEDED:
+        return Reason.EXIT_CODE
+    ended_badly = [e.reason for e in elements if e.state == state and e.reason]
+    return (
+        ended_badly[0]
+        if ended_badly
+        else str(Reason.CANCELLED if state == AppState.CANCELLED else Reason.EXIT_CODE)
+    )
+
+
 def array_status(adir: ArrayDir) -> AppStatus:
     """The array's state (from its elements'), each element's status and the counts; starts a
     new driver if the array has not ended and its driver died."""
-    elements = _elements(adir)
+    written = adir.state()
+    elements = _elements(adir, written)
     retrying = adir.retries_pending()
     for e in elements:
         if e.index in retrying and e.state == AppState.FAILED:
             e.state, e.handle = AppState.PENDING, None
     state = _aggregate(elements, adir.cancel_requested())
-    if adir.state() is None and state == AppState.PENDING:  # (its driver is starting)
+    if written is None and state == AppState.PENDING:  # (its driver is starting)
         state = AppState.SUBMITTED
     if not is_terminal(state):
         revive(adir)
     array_handle = make_app_handle(adir.backend, adir.session, adir.array_id)
     return AppStatus(
         state=state,
+        reason=_reason(elements, state),
         num_restarts=sum(max(e.attempts - 1, 0) for e in elements),
         msg=_message(elements),
-        elements=[
-            ElementStatus(e.index, e.state, e.handle, e.exit_code, e.attempts, e.msg)
-            for e in elements
-        ],
+        elements=elements,
         ui_url=f"{array_handle} ({adir.path})",
     )
 
@@ -192,7 +213,7 @@ def revive(adir: ArrayDir) -> None:
         ensure_driver(adir)
 
 
-def element_status(adir: ArrayDir, index: int) -> Element:
+def element_status(adir: ArrayDir, index: int) -> ElementStatus:
     """Element ``index``'s record (its handle is None while it waits for a slot).
 
     Raises:

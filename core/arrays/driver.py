@@ -18,41 +18,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from core.arrays.spec import ArraySpec, element_app
 from core.arrays.store import ArrayDir
-from core.specs import AppState, AppStatus, is_terminal, make_app_handle
+from core.specs import AppState, AppStatus, ElementStatus, Reason, is_terminal, make_app_handle
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Element", "dependency_verdict", "element_key", "ensure_driver", "main"]
+__all__ = ["dependency_verdict", "element_key", "ensure_driver", "main"]
 
 _TICK = 0.1  # seconds between looks while elements run
 _IDLE_TICK = 1.0  # ... after a second without change
 _ERROR_BACKOFF = (0.5, 5.0)  # first and longest wait after a failed look
-
-
-@dataclass
-class Element:
-    """One element's record in ``state.json``."""
-
-    index: int
-    state: AppState = AppState.PENDING
-    handle: str | None = None
-    exit_code: int | None = None
-    attempts: int = 0
-    msg: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as written."""
-        return {**self.__dict__, "state": self.state.name}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Element:
-        """The record as read."""
-        return cls(**{**data, "state": AppState[data["state"]]})
 
 
 def dependency_verdict(
@@ -106,9 +84,9 @@ class Driver:
         self.gate_open = False
         state = adir.state()
         self.elements = (
-            [Element.from_json(e) for e in state["elements"]]
+            [ElementStatus.from_json(e) for e in state["elements"]]
             if state
-            else [Element(i) for i in range(self.spec.size)]
+            else [ElementStatus(i, AppState.PENDING) for i in range(self.spec.size)]
         )
 
     def run(self) -> None:
@@ -150,7 +128,7 @@ class Driver:
             e = self.elements[i]
             if e.state == AppState.FAILED:
                 log.info("array %s: element %d runs again", self.adir.array_id, i)
-                self.elements[i] = Element(i, attempts=e.attempts)
+                self.elements[i] = ElementStatus(i, AppState.PENDING, attempts=e.attempts)
 
     def _gate_open(self) -> bool:
         """Whether the dependencies (``after``) let the elements start; when they never will,
@@ -168,12 +146,12 @@ class Driver:
         if not verdict:
             for e in self.elements:
                 if e.handle is None and not is_terminal(e.state):
-                    e.state, e.msg = AppState.CANCELLED, why
+                    e.state, e.msg, e.reason = AppState.CANCELLED, why, Reason.DEPENDENCY
             return False
         self.gate_open = True
         return True
 
-    def _live(self) -> list[Element]:
+    def _live(self) -> list[ElementStatus]:
         return [e for e in self.elements if e.handle and not is_terminal(e.state)]
 
     def _refresh(self) -> None:
@@ -186,7 +164,7 @@ class Driver:
             if s is None:
                 e.state, e.msg = AppState.FAILED, f"{e.handle} is no longer known to its scheduler"
                 continue
-            e.state, e.msg, e.exit_code = s.state, s.msg, _exit_code(s)
+            e.state, e.msg, e.exit_code, e.reason = s.state, s.msg, _exit_code(s), s.reason
 
     def _fill_slots(self) -> None:
         free = self.spec.max_parallel - len(self._live())
@@ -197,7 +175,7 @@ class Driver:
                 self._start(e)
                 free -= 1
 
-    def _start(self, e: Element) -> None:
+    def _start(self, e: ElementStatus) -> None:
         req = self.request
         array_handle = make_app_handle(self.adir.backend, self.adir.session, self.adir.array_id)
         app = _app(req["app"])
@@ -215,6 +193,7 @@ class Driver:
         for e in self.elements:
             if e.handle is None and not is_terminal(e.state):
                 e.state, e.msg = AppState.CANCELLED, "the array was cancelled"
+                e.reason = Reason.CANCELLED
         if not self.cancel_sent:
             for e in self._live():
                 self.runner.cancel(e.handle or "")

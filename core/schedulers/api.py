@@ -61,6 +61,8 @@ class DescribeAppResponse:
     ui_url: str | None = None
     roles_statuses: list[RoleStatus] = field(default_factory=list)
     roles: list[Role] = field(default_factory=list)
+    #: why it ended, where the backend knows better than exit codes (a Slurm TIMEOUT, ...)
+    reason: str | None = None
 
 
 @dataclass

@@ -211,6 +211,7 @@ def check_chain(
     ended = runner.wait(c, wait_interval=0.2, timeout=240)
     assert ended is not None and ended.state == AppState.CANCELLED, ended
     assert f"dependency {b} ended CANCELLED (after_condition ok)" in ended.msg
+    assert ended.reason == "dependency"
     b_status = runner.status(b)
     assert b_status is not None and b_status.state == AppState.CANCELLED
     assert f"dependency {a} ended FAILED (after_condition ok)" in b_status.msg

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.schedulers.api import DescribeAppResponse
-from core.specs import NONE, AppState, ReplicaStatus, Role, RoleStatus, is_terminal
+from core.specs import NONE, AppState, Reason, ReplicaStatus, Role, RoleStatus, is_terminal
 
 __all__ = [
     "SACCT_FIELDS",
@@ -103,6 +103,18 @@ class JobInfo:
 def slurm_state(raw: str) -> str:
     """A state as Slurm prints it (``CANCELLED by 0``, ``RUNNING+``) reduced to its name."""
     return raw.strip().split(" ")[0].rstrip("+").upper() if raw.strip() else "UNKNOWN"
+
+
+#: Slurm states that say why a job or step ended better than its exit code
+SLURM_REASONS = {
+    "BOOT_FAIL": Reason.NODE_FAILURE,
+    "CANCELLED": Reason.CANCELLED,
+    "DEADLINE": Reason.TIMEOUT,
+    "NODE_FAIL": Reason.NODE_FAILURE,
+    "OUT_OF_MEMORY": Reason.OOM,
+    "PREEMPTED": Reason.PREEMPTED,
+    "TIMEOUT": Reason.TIMEOUT,
+}
 
 
 def app_state(state: str) -> AppState:
@@ -292,14 +304,19 @@ def to_response(info: JobInfo, app_id: str | None = None) -> DescribeAppResponse
         role, idx = split_name(comp.name)
         roles.setdefault(role, RoleStatus(role))
         roles[role].replicas.append(_replica_status(comp, state, role, idx))
+    job_reason = SLURM_REASONS.get(info.state) if is_terminal(state) else None
     for rs in roles.values():
         rs.replicas.sort(key=lambda r: r.id)
+        for r in rs.replicas:  # (a job's timeout or preemption cancels its steps: say why)
+            if job_reason not in (None, Reason.CANCELLED) and r.state != AppState.SUCCEEDED:
+                r.reason = job_reason
     msg = info.state
     if info.reason:
         msg += f" ({info.reason})"
     return DescribeAppResponse(
         app_id=app_id or info.app_id,
         state=state,
+        reason=job_reason,
         num_restarts=info.restarts,
         msg=msg,
         structured_error_msg=NONE,
@@ -324,4 +341,7 @@ def _replica_status(comp: Component, job_state: AppState, role: str, idx: int) -
         exit_code = 0
     if not is_terminal(state):
         exit_code = None
-    return ReplicaStatus(id=idx, state=state, role=role, hostname=comp.nodes, exit_code=exit_code)
+    reason = SLURM_REASONS.get(comp.step_state or "") if is_terminal(state) else None
+    return ReplicaStatus(
+        id=idx, state=state, role=role, hostname=comp.nodes, exit_code=exit_code, reason=reason
+    )

@@ -106,6 +106,7 @@ def test_oom_kill_is_named_with_its_peak(sched: DockerScheduler) -> None:
     assert status.msg.startswith("m/0 killed: out of memory (peak 64 MiB of 64 MiB requested)")
     replica = status.roles[0].replicas[0]
     assert replica.usage is not None and replica.usage.oom_killed
+    assert replica.reason == "oom" and status.reason == "oom"
 
 
 def _python_image(docker_client: Any) -> str:

@@ -85,3 +85,22 @@ def test_unknown_handle(runner: Runner) -> None:
     assert runner.wait(handle, timeout=1) is None
     with pytest.raises(ValueError, match="no app"):
         list(runner.log_lines(handle, "r", 0))
+
+
+@pytest.mark.parametrize(
+    "script, state, reason",
+    [
+        ("exit 0", AppState.SUCCEEDED, "exit_code"),
+        ("exit 3", AppState.FAILED, "exit_code"),
+        ("kill -KILL $$", AppState.FAILED, "signal"),
+        ("exec sleep 60", AppState.CANCELLED, "cancelled"),
+    ],
+)
+def test_every_end_has_a_reason(runner: Runner, script: str, state: AppState, reason: str) -> None:
+    handle = runner.run(AppDef("why", [sh(script)]), "local_cwd")
+    if state == AppState.CANCELLED:
+        runner.cancel(handle)
+    status = runner.wait(handle, wait_interval=0.05, timeout=30)
+    assert status is not None and status.state == state
+    assert status.reason == reason
+    assert status.to_json()["roles"][0]["replicas"][0]["reason"] == reason

@@ -272,3 +272,14 @@ def test_a_replica_past_its_mem_is_named_out_of_memory_with_its_peak(
     assert desc.msg.startswith("hog/0 killed: out of memory")
     ok = replica(desc, "ok")
     assert ok.usage is not None and not ok.usage.oom_killed
+    # the reason, for code (status --json, XComs, errors)
+    from core.runner import get_runner
+    from core.specs import make_app_handle
+
+    with get_runner("test") as runner:
+        status = runner.status(make_app_handle("slurm", "test", app_id))
+    assert status is not None and status.reason == "oom"
+    assert {rs.role: rs.replicas[0].reason for rs in status.roles} == {
+        "hog": "oom",
+        "ok": "exit_code",
+    }
