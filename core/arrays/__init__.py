@@ -10,15 +10,12 @@ hold an ``@`` (``train@3f9c0a1b2c4d``), which no backend's app id has.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 import time
-import uuid
 from typing import Any
 
-from core.appfile import app_from_dict, app_to_dict
 from core.arrays.driver import ensure_driver
 from core.arrays.spec import (
     ArraySpec,
@@ -82,11 +79,16 @@ def first_element(app: AppDef, spec: ArraySpec) -> AppDef:
 
 def requested_app(adir: ArrayDir) -> AppDef | None:
     """The app the array's elements run (before their macros are substituted)."""
+    from core.appfile import app_from_dict
+
     request = adir.request()
     return app_from_dict(request["app"]) if request else None
 
 
 def _array_id(app: AppDef, key: str | None) -> str:
+    import hashlib
+    import uuid
+
     tag = hashlib.sha256(key.encode()).hexdigest()[:12] if key else uuid.uuid4().hex[:12]
     return f"{app.name}@{tag}"
 
@@ -106,6 +108,8 @@ def create_array(
     ``key``, a second submit (after a crash, or racing) gets the same array. With ``after``,
     no element starts before those apps ended as ``condition`` says; ``single``: not an array
     but one app that waits for them (its handle stands for that app)."""
+    from core.appfile import app_to_dict  # (yaml and the schema: not for every status read)
+
     adir = ArrayDir(backend, session, _array_id(app, key))
     adir.create()
     if not adir.exists():  # (a first submit that died before recording it is completed here)

@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -100,6 +99,8 @@ class ArrayDir:
 
     def request_retry(self, indices: list[int]) -> None:
         """Asks the driver to run elements ``indices`` again (those that failed)."""
+        import uuid  # (not needed to read an array)
+
         _write_json(self._file(f"retry-{uuid.uuid4().hex}.json"), indices)
 
     def _retry_files(self) -> list[str]:
