@@ -24,7 +24,7 @@ from core.arrays.spec import (
     element_app,
     make_spec,
 )
-from core.arrays.store import ArrayDir
+from core.arrays.store import ArrayDir, prune
 from core.specs import (
     AppDef,
     AppState,
@@ -111,7 +111,8 @@ def create_array(
     from core.appfile import app_to_dict  # (yaml and the schema: not for every status read)
 
     adir = ArrayDir(backend, session, _array_id(app, key))
-    adir.create()
+    if adir.create():
+        _prune(backend, session)
     if not adir.exists():  # (a first submit that died before recording it is completed here)
         adir.write_request(
             {
@@ -128,6 +129,16 @@ def create_array(
         )
     ensure_driver(adir)
     return adir.array_id
+
+
+def _prune(backend: str, session: str) -> None:
+    try:
+        gone = prune(backend, session, time.time())
+    except OSError as e:  # (housekeeping: never the submit's failure)
+        log.debug("pruning old arrays failed: %s", e)
+        return
+    if gone:
+        log.info("removed %d ended arrays past their retention: %s", len(gone), ", ".join(gone))
 
 
 def open_array(backend: str, session: str, array_id: str) -> ArrayDir | None:

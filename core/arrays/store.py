@@ -20,7 +20,10 @@ from urllib.parse import quote
 
 from core.paths import state_root
 
-__all__ = ["ArrayDir", "arrays_root"]
+__all__ = ["ArrayDir", "arrays_root", "prune"]
+
+#: days an ended array's directory is kept (``$SHIPYARD_ARRAY_RETENTION_DAYS``)
+RETENTION_DAYS_ENV = "SHIPYARD_ARRAY_RETENTION_DAYS"
 
 
 def arrays_root(backend: str, session: str) -> str:
@@ -144,3 +147,31 @@ class ArrayDir:
     def log_path(self) -> str:
         """The driver's log file."""
         return self._file("driver.log")
+
+
+def prune(backend: str, session: str, now: float) -> list[str]:
+    """Removes the directories of this session's arrays that ended (their driver gone, every
+    element ended) longer than the retention ago (default 7 days); returns their ids."""
+    import shutil
+
+    days = float(os.environ.get(RETENTION_DAYS_ENV, "7"))
+    root = arrays_root(backend, session)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        adir = ArrayDir(backend, session, name)
+        try:
+            ended_at = os.stat(os.path.join(adir.path, "state.json")).st_mtime
+        except FileNotFoundError:
+            continue
+        if now - ended_at < days * 86400 or adir.driver_alive() or adir.retries_pending():
+            continue
+        state = adir.state() or {}
+        ended = ("SUCCEEDED", "FAILED", "CANCELLED")
+        if all(e.get("state") in ended for e in state.get("elements", [])):
+            shutil.rmtree(adir.path, ignore_errors=True)
+            removed.append(name)
+    return removed

@@ -199,3 +199,26 @@ def test_a_killed_driver_is_replaced_and_every_element_runs_once(
     assert arrays.runs(str(tmp_path)) == dict.fromkeys(range(8), 1)
     assert arrays.most_at_once(str(tmp_path)) <= 2
     assert driver_pid() != pid
+
+
+def test_ended_arrays_past_their_retention_are_removed(runner: Runner) -> None:
+    import os
+    import time
+
+    from core.arrays import open_array
+    from core.specs import parse_app_handle
+
+    old = runner.run_array(AppDef("old", [role("true")]), "local_cwd", size=2)
+    assert arrays.final(runner, old).state == AppState.SUCCEEDED
+    p = parse_app_handle(old)
+    adir = open_array(p.scheduler_backend, p.session_name, p.app_id)
+    assert adir is not None
+    from tests.helpers import wait_until
+
+    wait_until(lambda: not adir.driver_alive(), 30, "the driver to exit")
+    eight_days_ago = time.time() - 8 * 86400
+    os.utime(os.path.join(adir.path, "state.json"), (eight_days_ago, eight_days_ago))
+    new = runner.run_array(AppDef("new", [role("true")]), "local_cwd", size=1)
+    assert not os.path.exists(adir.path)
+    assert runner.status(old) is None  # (gone, as an app past its retention)
+    assert arrays.final(runner, new).state == AppState.SUCCEEDED
