@@ -12,24 +12,28 @@ SIGTERM to the driver cancels the array.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.arrays.spec import ArraySpec, element_app
 from core.arrays.store import ArrayDir
 from core.specs import AppState, AppStatus, ElementStatus, Reason, is_terminal, make_app_handle
 
+if TYPE_CHECKING:
+    from core.watch.polling import StatusWatch
+
 log = logging.getLogger(__name__)
 
 __all__ = ["dependency_verdict", "element_key", "ensure_driver", "main"]
 
-_TICK = 0.1  # seconds between looks while elements run
-_IDLE_TICK = 1.0  # ... after a second without change
+_POLL = 0.2  # most seconds between two status reads of a running element (or a dependency)
+_LOOK = 0.5  # most seconds between two looks at the requests (cancel, retry)
 _ERROR_BACKOFF = (0.5, 5.0)  # first and longest wait after a failed look
 
 
@@ -66,6 +70,43 @@ def _exit_code(status: AppStatus) -> int | None:
     return failed[0] if failed else (0 if status.state == AppState.SUCCEEDED else None)
 
 
+class Statuses:
+    """The statuses of the apps a driver waits on (running elements, dependencies), read by
+    the process's shared status poller (:mod:`core.watch.polling`: one ``status_many`` per
+    round, transient failures retried for as long as it takes); each new round sets ``wake``."""
+
+    def __init__(self, runner: Any, wake: threading.Event) -> None:
+        self.runner, self.wake = runner, wake
+        self.watches: dict[str, StatusWatch] = {}
+        self.latest: dict[str, AppStatus | None] = {}
+
+    def read(self, handles: list[str]) -> dict[str, AppStatus | None]:
+        """The newest status of each of ``handles`` polled at least once (None: unknown)."""
+        from core.watch.polling import status_poller  # (the driver's process only)
+
+        for h in handles:
+            if h not in self.watches:
+                w = status_poller().watch(h, self.runner, _POLL, first_delay=0.02, budget=math.inf)
+                w.add_listener(self.wake.set)
+                self.watches[h] = w
+            fresh, status = self.watches[h].take()
+            if fresh:
+                self.latest[h] = status
+        return {h: self.latest[h] for h in handles if h in self.latest}
+
+    def forget(self, handle: str) -> None:
+        """Stops watching ``handle`` (it ended)."""
+        w = self.watches.pop(handle, None)
+        if w is not None:
+            w.close()
+        self.latest.pop(handle, None)
+
+    def close(self) -> None:
+        """Stops every watch."""
+        for h in list(self.watches):
+            self.forget(h)
+
+
 class Driver:
     """Drives one array to its end (see the module's docstring)."""
 
@@ -79,6 +120,8 @@ class Driver:
         self.spec = ArraySpec.from_json(request["spec"])
         self.request = request
         self.runner = Runner(adir.session)
+        self.wake = threading.Event()
+        self.statuses = Statuses(self.runner, self.wake)
         self.cancel_sent = False
         self.written = False
         self.gate_open = False
@@ -90,19 +133,22 @@ class Driver:
         )
 
     def run(self) -> None:
-        """Looks and acts until every element ended."""
-        idle_since, backoff = time.monotonic(), _ERROR_BACKOFF[0]
-        while not self.done():
-            try:
-                if self.step():
-                    idle_since = time.monotonic()
-                backoff = _ERROR_BACKOFF[0]
-                busy = time.monotonic() - idle_since < 1.0
-                time.sleep(_TICK if busy else _IDLE_TICK)
-            except Exception as e:  # a backend hiccup, or SIGTERM raised into the local backend
-                log.warning("array %s: %s (looking again in %.1fs)", self.adir.array_id, e, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, _ERROR_BACKOFF[1])
+        """Looks and acts until every element ended: at each new status round, and at least
+        every ``_LOOK`` seconds (for cancel and retry requests)."""
+        backoff = _ERROR_BACKOFF[0]
+        try:
+            while not self.done():
+                try:
+                    self.wake.clear()
+                    self.step()
+                    backoff = _ERROR_BACKOFF[0]
+                    self.wake.wait(_LOOK)
+                except Exception as e:  # a submit that failed, SIGTERM raised into local
+                    log.warning("array %s: %s (again in %.1fs)", self.adir.array_id, e, backoff)
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, _ERROR_BACKOFF[1])
+        finally:
+            self.statuses.close()
         log.info("array %s ended: %s", self.adir.array_id, self.summary())
 
     def step(self) -> bool:
@@ -136,8 +182,13 @@ class Driver:
         after: list[str] = self.request.get("after") or []
         if self.gate_open or not after or all(e.handle for e in self.elements):
             return True
-        statuses = self.runner.status_many(after)
+        statuses = self.statuses.read(after)
+        if len(statuses) < len(after):
+            return False  # (not all polled yet)
         verdict, why = dependency_verdict(after, statuses, self.request.get("condition", "ok"))
+        if verdict is not None:
+            for h in after:
+                self.statuses.forget(h)
         if verdict is None:
             for e in self.elements:
                 if e.handle is None and e.state == AppState.PENDING:
@@ -156,15 +207,17 @@ class Driver:
 
     def _refresh(self) -> None:
         live = self._live()
-        if not live:
-            return
-        statuses = self.runner.status_many([e.handle for e in live if e.handle])
+        statuses = self.statuses.read([e.handle for e in live if e.handle])
         for e in live:
-            s = statuses.get(e.handle or "")
+            if e.handle not in statuses:
+                continue  # (not polled yet)
+            s = statuses[e.handle]
             if s is None:
                 e.state, e.msg = AppState.FAILED, f"{e.handle} is no longer known to its scheduler"
-                continue
-            e.state, e.msg, e.exit_code, e.reason = s.state, s.msg, _exit_code(s), s.reason
+            else:
+                e.state, e.msg, e.exit_code, e.reason = s.state, s.msg, _exit_code(s), s.reason
+            if is_terminal(e.state):
+                self.statuses.forget(e.handle)
 
     def _fill_slots(self) -> None:
         free = self.spec.max_parallel - len(self._live())

@@ -72,6 +72,7 @@ def test_runs_and_pushes_xcoms(runner: Any) -> None:
     assert ti.xcoms == {
         "app_id": parse_app_handle(handle).app_id,
         "state": "SUCCEEDED",
+        "reason": "exit_code",  # why it ended
         "result": {},  # no replica wrote one
     }
     assert sorted(usage) == ["hello/0", "hello/1"]
