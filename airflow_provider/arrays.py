@@ -16,14 +16,7 @@ from core.specs import AppDef, AppHandle, AppState, AppStatus
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["ArrayArgs", "CountsLog", "check_allow_failures", "finish_array", "submit_array"]
-
-
-def check_allow_failures(value: Any) -> int:
-    """``allow_failures`` if it is a non-negative integer, else an error naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"allow_failures: expected a non-negative integer, got {value!r}")
-    return value
+__all__ = ["ArrayArgs", "CountsLog", "finish_array", "submit_array"]
 
 
 class ArrayArgs:

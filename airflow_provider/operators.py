@@ -35,13 +35,13 @@ from airflow_provider._common import (
 from airflow_provider.arrays import (
     ArrayArgs,
     CountsLog,
-    check_allow_failures,
     finish_array,
     submit_array,
 )
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_url
 from airflow_provider.triggers import ShipyardJobTrigger
+from core.arrays import check_allow_failures
 from core.errors import JobSilentError, ShipyardError
 from core.reports import AppResult, usage_by_replica, usage_summary
 from core.runner import AppFailedError, Runner, attempt_key

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from core.arrays import check_allow_failures
 from core.runner import AppFailedError, Runner, attempt_key
 from core.specs import AppHandle, AppState, AppStatus, CfgVal
 from core.watch import JobWatch
@@ -116,12 +117,7 @@ def wait_for_array(
         core.runner.AppFailedError: more than ``allow_failures`` elements did not succeed (the
             message has the counts and each failed element's last lines).
     """
-    if (
-        isinstance(allow_failures, bool)
-        or not isinstance(allow_failures, int)
-        or allow_failures < 0
-    ):
-        raise ValueError(f"allow_failures: expected a non-negative integer, got {allow_failures!r}")
+    check_allow_failures(allow_failures)
     logger = run_logger()
     counts: list[dict[str, int]] = [{}]
 

@@ -21,6 +21,7 @@ from core.arrays.spec import (
     ArraySpec,
     ArraySpecError,
     check_after_condition,
+    check_allow_failures,
     element_app,
     make_spec,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "array_status",
     "cancel_array",
     "check_after_condition",
+    "check_allow_failures",
     "create_array",
     "element_handle",
     "element_status",

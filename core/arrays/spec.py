@@ -24,6 +24,7 @@ __all__ = [
     "PARAMS_ENV",
     "element_app",
     "check_after_condition",
+    "check_allow_failures",
     "make_spec",
 ]
 
@@ -69,6 +70,14 @@ def check_after_condition(value: Any) -> str:
             f"after_condition: expected one of {', '.join(AFTER_CONDITIONS)}, got {short_repr(value)}"
         )
     return str(value)
+
+
+def check_allow_failures(value: Any) -> int:
+    """How many of an array's elements may fail with the caller still succeeding (the Airflow
+    operator's and Prefect's ``allow_failures``), else an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArraySpecError(f"allow_failures: expected a non-negative integer, got {value!r}")
+    return value
 
 
 def _positive(value: Any, name: str) -> int:
