@@ -382,18 +382,31 @@ class Runner:
         spec = arrays.make_spec(app, size, params, max_parallel)
         after = self._check_after(after, after_condition)
         self._check_driven(arrays.first_element(app, spec), scheduler, cfg)
+        sched = self._scheduler(scheduler)
+        native = sched.native_array(app, sched.resolve_cfg(cfg))
+
+        def submit_first(adir: arrays.ArrayDir) -> None:
+            from core.arrays.native import submit_native
+
+            submit_native(adir, sched, 1, list(range(spec.size)))
+
         array_id = arrays.create_array(
             app, scheduler, self._name, dict(cfg or {}), spec, idempotency_key, after,
-            after_condition,
+            after_condition, native=native, submit_first=submit_first if native and not after else None,
         )  # fmt: skip
         handle = make_app_handle(scheduler, self._name, array_id)
         log.info(
-            "launched array %s (%d elements, at most %d at once)",
+            "launched array %s (%d elements, at most %d at once%s)",
             handle,
             spec.size,
             spec.max_parallel,
+            f", one {scheduler} array" if native else "",
         )
         return handle
+
+    def scheduler(self, backend: str) -> Scheduler[Any]:
+        """This session's scheduler of ``backend`` (made on first use, closed with the runner)."""
+        return self._scheduler(backend)
 
     def _run_after(
         self,

@@ -14,9 +14,10 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
-from core.arrays.driver import ensure_driver
+from core.arrays.driver import cancel_targets, ensure_driver
 from core.arrays.spec import (
     ArraySpec,
     ArraySpecError,
@@ -105,15 +106,20 @@ def create_array(
     after: list[str] | None = None,
     condition: str = "ok",
     single: bool = False,
+    native: bool = False,
+    submit_first: Callable[[ArrayDir], None] | None = None,
 ) -> str:
     """Records the array on this host and starts its driver; returns the array id. With
     ``key``, a second submit (after a crash, or racing) gets the same array. With ``after``,
     no element starts before those apps ended as ``condition`` says; ``single``: not an array
-    but one app that waits for them (its handle stands for that app)."""
+    but one app that waits for them (its handle stands for that app). ``native``: the array
+    runs as the backend's own arrays (:mod:`core.arrays.native`); ``submit_first`` makes the
+    first one before the driver starts (unless the array has one)."""
     from core.appfile import app_to_dict  # (yaml and the schema: not for every status read)
 
     adir = ArrayDir(backend, session, _array_id(app, key))
-    if adir.create():
+    created = adir.create()
+    if created:
         _prune(backend, session)
     if not adir.exists():  # (a first submit that died before recording it is completed here)
         adir.write_request(
@@ -125,10 +131,18 @@ def create_array(
                 "after": after or [],
                 "condition": condition,
                 "single": single,
+                "native": native,
                 "cwd": os.getcwd(),
                 "created": time.time(),
             }
         )
+    if submit_first is not None and not adir.natives():
+        try:
+            submit_first(adir)
+        except ValueError:  # refused by the backend: nothing queued, nothing to keep
+            if created:
+                adir.remove()
+            raise
     ensure_driver(adir)
     return adir.array_id
 
@@ -255,7 +269,7 @@ def cancel_array(adir: ArrayDir) -> list[str]:
     adir.request_cancel()
     if not adir.driver_alive():
         ensure_driver(adir)  # (one that died still has to record the end)
-    return [e.handle for e in _elements(adir) if e.handle and not is_terminal(e.state)]
+    return cancel_targets(adir, _elements(adir))
 
 
 def request_retry(adir: ArrayDir) -> list[int]:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["dependency_verdict", "element_key", "ensure_driver", "main"]
+__all__ = ["cancel_targets", "dependency_verdict", "element_key", "ensure_driver", "main"]
 
 _POLL = 0.2  # most seconds between two status reads of a running element (or a dependency)
 _LOOK = 0.5  # most seconds between two looks at the requests (cancel, retry)
@@ -125,7 +125,10 @@ class Driver:
         self.cancel_sent = False
         self.written = False
         self.gate_open = False
+        #: the array runs as the backend's own arrays (see :mod:`core.arrays.native`)
+        self.native = bool(request.get("native"))
         state = adir.state()
+        self.natives_seen = int(state.get("natives", 0)) if state else 0
         self.elements = (
             [ElementStatus.from_json(e) for e in state["elements"]]
             if state
@@ -220,6 +223,9 @@ class Driver:
                 self.statuses.forget(e.handle)
 
     def _fill_slots(self) -> None:
+        if self.native:
+            self._start_native()
+            return
         free = self.spec.max_parallel - len(self._live())
         for e in self.elements:
             if free <= 0:
@@ -242,14 +248,45 @@ class Driver:
             e.state, e.msg = AppState.FAILED, f"submit failed: {err}"
         e.attempts += 1
 
+    def _take_natives(self) -> list[dict[str, Any]]:
+        """Gives the elements of native submissions not yet taken their handles."""
+        records = self.adir.natives()
+        for record in records[self.natives_seen :]:
+            for index, app_id in record["elements"]:
+                e = self.elements[index]
+                e.handle = make_app_handle(self.adir.backend, self.adir.session, app_id)
+                e.state, e.msg = AppState.SUBMITTED, ""
+                e.attempts += 1
+        self.natives_seen = len(records)
+        return records
+
+    def _start_native(self) -> None:
+        """Submits the elements waiting to start as one native array, once none runs (so the
+        backend's cap covers them all)."""
+        from core.arrays.native import submit_native
+
+        records = self._take_natives()
+        pending = [e for e in self.elements if e.handle is None and e.state == AppState.PENDING]
+        if not pending or self._live():
+            return
+        sched = self.runner.scheduler(self.adir.backend)
+        try:
+            submit_native(self.adir, sched, len(records) + 1, [e.index for e in pending])
+        except ValueError as err:  # the backend refused it: those elements failed
+            for e in pending:
+                e.state, e.msg = AppState.FAILED, f"submit failed: {err}"
+                e.attempts += 1
+            return
+        self._take_natives()
+
     def _cancel(self) -> None:
         for e in self.elements:
             if e.handle is None and not is_terminal(e.state):
                 e.state, e.msg = AppState.CANCELLED, "the array was cancelled"
                 e.reason = Reason.CANCELLED
         if not self.cancel_sent:
-            for e in self._live():
-                self.runner.cancel(e.handle or "")
+            for handle in cancel_targets(self.adir, self.elements):
+                self.runner.cancel(handle)
             self.cancel_sent = True
 
     def done(self) -> bool:
@@ -267,9 +304,28 @@ class Driver:
     def write(self) -> None:
         """Writes every element's state (the array's state.json)."""
         self.adir.write_state(
-            {"elements": [e.to_json() for e in self.elements], "pid": os.getpid()}
+            {
+                "elements": [e.to_json() for e in self.elements],
+                "pid": os.getpid(),
+                "natives": self.natives_seen,
+            }
         )
         self.written = True
+
+
+def cancel_targets(adir: ArrayDir, elements: list[ElementStatus]) -> list[str]:
+    """What to cancel so that none of ``elements`` runs on: each live element, or for a native
+    array each of its backend arrays that still has a live element (one call for all)."""
+    live = {e.handle for e in elements if e.handle and not is_terminal(e.state)}
+    request = adir.request() or {}
+    if not request.get("native"):
+        return sorted(live)
+    targets = []
+    for record in adir.natives():
+        handles = {make_app_handle(adir.backend, adir.session, a) for _, a in record["elements"]}
+        if handles & live:
+            targets.append(make_app_handle(adir.backend, adir.session, record["array"]))
+    return targets
 
 
 def _app(data: dict[str, Any]) -> Any:

@@ -22,7 +22,9 @@ __all__ = [
     "INDEX_ENV",
     "MAX_ELEMENTS",
     "PARAMS_ENV",
+    "array_template",
     "element_app",
+    "value_macro",
     "check_after_condition",
     "check_allow_failures",
     "make_spec",
@@ -141,6 +143,43 @@ def element_app(app: AppDef, spec: ArraySpec, index: int, array_id: str) -> AppD
         if params is not None:
             role.env[PARAMS_ENV] = json.dumps(params, separators=(",", ":"))
     return out
+
+
+def value_macro(n: int) -> str:
+    """The placeholder of the ``n``-th per-element value in :func:`array_template`'s app."""
+    return f"${{shipyard_value_{n}}}"
+
+
+def array_template(
+    app: AppDef, spec: ArraySpec, indices: list[int], array_id: str
+) -> tuple[AppDef, list[dict[int, str]]]:
+    """The app every element of a native array runs, and its per-element values: a string
+    with ``${params.NAME}`` becomes the placeholder :func:`value_macro` ``(n)``, whose value in
+    element ``i`` is ``values[n][i]``; ``${array_index}`` stays, for the backend to fill in at
+    run time. ``$SHIPYARD_ARRAY_*`` are set as :func:`element_app` sets them."""
+    out = copy.deepcopy(app)
+    values: list[dict[int, str]] = []
+
+    def per_element(text: str, where: str) -> str:
+        if "${params." not in text:
+            return text
+        values.append({i: _substitute(text, i, _element_params(spec, i), where) for i in indices})
+        return value_macro(len(values) - 1)
+
+    for role in out.roles:
+        where = f"role {role.name!r}"
+        role.args = [per_element(a, f"args of {where}") for a in role.args]
+        role.env = {k: per_element(v, f"env {k} of {where}") for k, v in role.env.items()}
+        role.env[INDEX_ENV] = "${array_index}"
+        role.env[ARRAY_ID_ENV] = array_id
+        if spec.params is not None:
+            values.append({i: json.dumps(spec.params[i], separators=(",", ":")) for i in indices})
+            role.env[PARAMS_ENV] = value_macro(len(values) - 1)
+    return out, values
+
+
+def _element_params(spec: ArraySpec, index: int) -> dict[str, Any] | None:
+    return spec.params[index] if spec.params is not None else None
 
 
 def _substitute(text: str, index: int, params: dict[str, Any] | None, where: str) -> str:

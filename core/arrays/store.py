@@ -2,6 +2,8 @@
 
 * ``request.json`` what was asked (the app, cfg, elements, cap), written once by the submitter;
 * ``state.json`` every element's state, written only by the array's driver (atomically);
+* ``native-<n>.json`` the n-th submission of a native array (the backend's own array), written
+  once by whoever made it: the array's and each element's app id;
 * ``cancel`` and ``retry-*.json``: what other processes ask of the driver;
 * ``driver.lock`` held (``flock``) by the live driver, so anyone can tell whether one runs;
 * ``driver.log`` the driver's own log.
@@ -69,6 +71,12 @@ class ArrayDir:
         except FileExistsError:
             return False
 
+    def remove(self) -> None:
+        """Removes the array's directory (an array that never started)."""
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)
+
     def exists(self) -> bool:
         """Whether the array was submitted on this host."""
         return os.path.exists(self._file("request.json"))
@@ -90,6 +98,18 @@ class ArrayDir:
         """The elements' states as the driver last wrote them (None before its first write)."""
         data = _read_json(self._file("state.json"))
         return data if isinstance(data, dict) else None
+
+    def write_native(self, n: int, record: dict[str, Any]) -> None:
+        """Records the ``n``-th submission of a native array (``array``: its app id;
+        ``elements``: each element's, by index)."""
+        _write_json(self._file(f"native-{n}.json"), record)
+
+    def natives(self) -> list[dict[str, Any]]:
+        """The native submissions recorded so far, first first (see :meth:`write_native`)."""
+        out: list[dict[str, Any]] = []
+        while (record := _read_json(self._file(f"native-{len(out) + 1}.json"))) is not None:
+            out.append(record)
+        return out
 
     def request_cancel(self) -> None:
         """Asks the driver to start nothing more and cancel what runs."""

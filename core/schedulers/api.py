@@ -283,6 +283,31 @@ class Scheduler(abc.ABC, Generic[T]):
         """
         return []
 
+    def native_array(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> bool:
+        """Whether :meth:`submit_array` runs ``app`` as one array of the backend's own (the
+        default: no, an array's driver starts each element as an app of its own)."""
+        return False
+
+    def submit_array(
+        self,
+        app: AppDef,
+        cfg: Mapping[str, CfgVal],
+        template: tuple[AppDef, builtins.list[dict[int, str]]],
+        indices: builtins.list[int],
+        max_parallel: int,
+        idempotency_key: str | None = None,
+    ) -> tuple[str, builtins.list[str]]:
+        """Submits elements ``indices`` of an array as one native array of the backend, at most
+        ``max_parallel`` running at once; ``template`` is the app every element runs and its
+        per-element values (:func:`core.arrays.spec.array_template` of ``app``). Returns the
+        native array's app id (cancelling it cancels every element) and each element's app id.
+        Exactly once with ``idempotency_key``, as :meth:`schedule`.
+
+        Raises:
+            NotImplementedError: :meth:`native_array` is False for ``app``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no native arrays")
+
     def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
         """The results (``$SHIPYARD_RESULT_FILE``) of the app's collected replicas: replica 0
         of each role, or every replica with ``result_replicas=all``. A replica's oversized or

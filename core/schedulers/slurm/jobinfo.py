@@ -4,6 +4,7 @@ slurmrestd's JSON in the REST modules, and turned into a :class:`DescribeAppResp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from core.schedulers.api import DescribeAppResponse
@@ -17,9 +18,13 @@ __all__ = [
     "Component",
     "JobInfo",
     "app_state",
+    "array_query_ids",
+    "expand_task_ids",
     "parse_sacct",
     "parse_squeue",
     "slurm_state",
+    "task_app_id",
+    "task_ranges",
     "to_response",
 ]
 
@@ -56,6 +61,8 @@ SQUEUE_FIELDS = (
     "HetJobID",
     "HetJobOffset",
     "JobID",
+    "ArrayJobID",
+    "ArrayTaskID",
     "State",
     "RestartCnt",
     "DerivedEC",
@@ -93,6 +100,13 @@ class JobInfo:
     comment: str = ""
     components: dict[int, Component] = field(default_factory=dict)
     source: str = "squeue"
+    #: the array job's id when this is one task of a native Slurm array (app id ``J_i``)
+    array_job: str = ""
+
+    @property
+    def submit_id(self) -> str:
+        """The id its ``sbatch`` returned: the array job's for an array task, else the app's."""
+        return self.array_job or self.app_id
 
     @property
     def held(self) -> bool:
@@ -151,20 +165,63 @@ def split_name(name: str) -> tuple[str, int]:
     return name, 0
 
 
+_TASKS_RE = re.compile(r"^\[?([0-9,\-]+)(?:%[0-9]+)?\]?$")
+
+
+def expand_task_ids(text: str) -> list[int]:
+    """The array task indices of Slurm's compact form (``2-5%2``, ``[1,3,7-9]``)."""
+    m = _TASKS_RE.fullmatch(text.strip())
+    if not m:
+        return []
+    out: list[int] = []
+    for part in m.group(1).split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def task_ranges(indices: list[int]) -> str:
+    """The inverse of :func:`expand_task_ids` (without a cap): ``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(set(indices)):
+        if run and i != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(i)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def array_query_ids(app_ids: list[str]) -> list[str]:
+    """The job ids to ask Slurm about for ``app_ids``: an array task ``J_i`` is asked for as its
+    array job ``J`` (one answer holds every task), each id once."""
+    return list(dict.fromkeys(a.partition("_")[0] for a in app_ids))
+
+
+def task_app_id(array_job: str, task: int) -> str:
+    """The app id of one task of a native array: Slurm's own ``J_i``."""
+    return f"{array_job}_{task}"
+
+
 def add_controller_row(
     jobs: dict[str, JobInfo],
     app_id: str,
     off: int,
     row: dict[str, str],
+    array_job: str = "",
 ) -> None:
     """Adds one controller record of component ``off`` of ``app_id`` to ``jobs``. ``row`` has
     ``state``, ``restarts``, ``derived``, ``name``, ``nodes``, ``workdir``, ``reason`` and
-    ``comment`` as strings (how squeue and slurmrestd both report a component)."""
+    ``comment`` as strings (how squeue and slurmrestd both report a component); ``array_job``:
+    the array job's id if ``app_id`` is an array task."""
     state = slurm_state(row["state"])
     info = jobs.get(app_id)
     if info is None or off == 0:
         if info is None:
-            info = jobs[app_id] = JobInfo(app_id=app_id, state=state)
+            info = jobs[app_id] = JobInfo(app_id=app_id, state=state, array_job=array_job)
         info.state = state
         info.restarts = int(row["restarts"]) if row["restarts"].isdigit() else 0
         info.reason = "" if row["reason"] in ("None", "(null)") else row["reason"]
@@ -200,14 +257,16 @@ def parse_squeue(out: str) -> dict[str, JobInfo]:
         parts = line.split(SEP)
         if len(parts) < n:
             continue
-        het_id, offset, job_id, state, restarts, derived, name, nodes, workdir, reason = (
-            p.strip() for p in parts[: n - 1]
+        het_id, offset, job_id, array_job, task, state, restarts, derived, name, nodes = (
+            p.strip() for p in parts[:10]
         )
+        workdir, reason = parts[10].strip(), parts[11].strip()
         comment = SEP.join(parts[n - 1 :]).rstrip(SEP)
         if het_id.isdigit() and het_id != "0":
             app_id, off = het_id, int(offset) if offset.isdigit() else 0
         else:  # a job of one component is not heterogeneous
             app_id, off = job_id, 0
+        tasks = expand_task_ids(task) if array_job.isdigit() and array_job != "0" else []
         row = {
             "state": state,
             "restarts": restarts,
@@ -218,7 +277,10 @@ def parse_squeue(out: str) -> dict[str, JobInfo]:
             "reason": reason,
             "comment": comment,
         }
-        add_controller_row(jobs, app_id, off, row)
+        if not tasks:
+            add_controller_row(jobs, app_id, off, row)
+        for t in tasks:  # (one row per task with squeue -r; a pending range without it)
+            add_controller_row(jobs, task_app_id(array_job, t), 0, row, array_job)
     return jobs
 
 
@@ -232,10 +294,12 @@ class AccountingParser:
         self._attempts: dict[str, int] = {}
         self._leader_state: dict[str, str] = {}
 
-    def allocation(self, app_id: str, off: int, rec: dict[str, str]) -> None:
+    def allocation(self, app_id: str, off: int, rec: dict[str, str], array_job: str = "") -> None:
         """A component's allocation record (``name``, ``state``, ``nodes``, ``workdir``,
-        ``comment``): starts a new attempt of it."""
-        info = self.jobs.setdefault(app_id, JobInfo(app_id=app_id, state="UNKNOWN", source="sacct"))
+        ``comment``): starts a new attempt of it (``array_job``: of an array task)."""
+        info = self.jobs.setdefault(
+            app_id, JobInfo(app_id=app_id, state="UNKNOWN", source="sacct", array_job=array_job)
+        )
         state = slurm_state(rec["state"])
         if off == 0 and self._leader_state.get(app_id, "REQUEUED") != "REQUEUED":
             # the previous record ended without a requeue: it was another job whose id was
@@ -283,14 +347,17 @@ def parse_sacct(out: str) -> dict[str, JobInfo]:
         comment = SEP.join(parts[n - 1 :])
         alloc, _, step = job_id.partition(".")
         app_id, _, off_s = alloc.partition("+")
-        if not app_id.isdigit():
+        array_job, _, task = app_id.partition("_")
+        if not array_job.isdigit():
             continue
         off = int(off_s) if off_s.isdigit() else 0
-        if not step:
-            rec = {"name": name, "state": state, "nodes": nodes, "workdir": workdir}
-            parser.allocation(app_id, off, {**rec, "comment": comment})
-        elif step.isdigit():
-            parser.step(app_id, off, state, colon_code(exit_code))
+        ids = [task_app_id(array_job, t) for t in expand_task_ids(task)] if task else [app_id]
+        for one in ids:  # (tasks that never started share one record: J_[2-5%2])
+            if not step:
+                rec = {"name": name, "state": state, "nodes": nodes, "workdir": workdir}
+                parser.allocation(one, off, {**rec, "comment": comment}, array_job if task else "")
+            elif step.isdigit():
+                parser.step(one, off, state, colon_code(exit_code))
     return parser.result()
 
 

@@ -25,7 +25,7 @@ from tenacity import (
 from core.clusters import ClusterConfig, ClusterError
 from core.errors import ShipyardError
 from core.schedulers.slurm import rest_v0038
-from core.schedulers.slurm.jobinfo import JobInfo
+from core.schedulers.slurm.jobinfo import JobInfo, array_query_ids
 from core.schedulers.slurm.script import SlurmBatchRequest
 from core.schedulers.slurm.transport import Files, SlurmClient, SubmitRefusedError, TransportError
 
@@ -183,7 +183,7 @@ class RestClient(SlurmClient):
 
     def accounting_jobs(self, job_ids: list[str]) -> dict[str, JobInfo] | None:
         found: dict[str, JobInfo] = {}
-        for job_id in job_ids:
+        for job_id in array_query_ids(job_ids):  # (an array job's answer has every task)
             try:
                 payload = self._call("GET", f"{self.api.SLURMDB}/job/{job_id}")
             except TransportError as e:

@@ -12,7 +12,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from core.schedulers.slurm.jobinfo import AccountingParser, JobInfo, add_controller_row
+from core.schedulers.slurm.jobinfo import (
+    AccountingParser,
+    JobInfo,
+    add_controller_row,
+    expand_task_ids,
+    task_app_id,
+)
 from core.schedulers.slurm.script import SlurmBatchRequest, SlurmReplicaRequest
 
 VERSION = "v0.0.38"
@@ -75,7 +81,9 @@ def submission(
     by slurmrestd) and one set of job properties per het component. ``env`` is the batch
     step's environment (the replicas' own is in the script)."""
     comps = [_component(r, workdir, env) for r in req.replicas.values()]
-    comps[0]["standard_output"] = f"{workdir}/slurm-%j.out"
+    comps[0]["standard_output"] = f"{workdir}/slurm-{'%A_%a' if req.array else '%j'}.out"
+    if req.array:
+        comps[0]["array"] = req.array
     if hold:
         comps[0]["hold"] = True
     body: dict[str, Any] = {"script": req.materialize()}
@@ -95,6 +103,9 @@ def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str,
         het_id = j.get("het_job_id") or 0
         app_id = str(het_id or j["job_id"])
         off = int(j.get("het_job_offset") or 0) if het_id else 0
+        array_job, tasks = _tasks(
+            j.get("array_job_id"), j.get("array_task_id"), j.get("array_task_string")
+        )
         row = {
             "state": str(j.get("job_state") or ""),
             "restarts": str(j.get("restart_cnt") or 0),
@@ -105,8 +116,21 @@ def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str,
             "reason": str(j.get("state_reason") or "None"),
             "comment": str(j.get("comment") or ""),
         }
-        add_controller_row(jobs, app_id, off, row)
+        if not tasks:
+            add_controller_row(jobs, app_id, off, row)
+        for t in tasks:  # (the tasks still pending share one record)
+            add_controller_row(jobs, task_app_id(array_job, t), 0, row, array_job)
     return jobs
+
+
+def _tasks(array_job: Any, task_id: Any, task_string: Any) -> tuple[str, list[int]]:
+    """An array task's (or a pending range's) array job id and task indices; ``("", [])``
+    for a job that is not in an array."""
+    if not array_job:
+        return "", []
+    if isinstance(task_id, int) and 0 <= task_id < 0xFFFFFFF0:  # (Slurm's NO_VAL: none)
+        return str(array_job), [task_id]
+    return str(array_job), expand_task_ids(str(task_string or ""))
 
 
 def _exit_code(raw: Mapping[str, Any] | None, state: str) -> int | None:
@@ -134,6 +158,8 @@ def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dic
         het_id = het.get("job_id") or 0
         app_id = str(het_id or j["job_id"])
         off = int(het.get("job_offset") or 0) if het_id else 0
+        arr = j.get("array") or {}
+        array_job, tasks = _tasks(arr.get("job_id"), arr.get("task_id"), arr.get("task"))
         rec = {
             "name": str(j.get("name") or ""),
             "state": str((j.get("state") or {}).get("current") or ""),
@@ -141,12 +167,13 @@ def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dic
             "workdir": str(j.get("working_directory") or ""),
             "comment": str((j.get("comment") or {}).get("job") or ""),
         }
-        parser.allocation(app_id, off, rec)
-        for step in j.get("steps") or []:
-            step_id = str((step.get("step") or {}).get("id", ""))
-            if step_id.isdigit():
-                state = str(step.get("state") or "")
-                parser.step(app_id, off, state, _exit_code(step.get("exit_code"), state))
+        for one in [task_app_id(array_job, t) for t in tasks] or [app_id]:
+            parser.allocation(one, off, rec, array_job)
+            for step in j.get("steps") or []:
+                step_id = str((step.get("step") or {}).get("id", ""))
+                if step_id.isdigit():
+                    state = str(step.get("state") or "")
+                    parser.step(one, off, state, _exit_code(step.get("exit_code"), state))
     return parser.result()
 
 

@@ -29,7 +29,7 @@ from core.schedulers.api import (
     filter_regex,
 )
 from core.schedulers.slurm import checks, outcome
-from core.schedulers.slurm.jobinfo import JobInfo, app_state, to_response
+from core.schedulers.slurm.jobinfo import JobInfo, app_state, task_ranges, to_response
 from core.schedulers.slurm.logs import TailChecks, read_lines
 from core.schedulers.slurm.script import (
     RANK0_ENV,
@@ -77,7 +77,9 @@ _MAIL_TYPES = frozenset(
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _JOB_ID_RE = re.compile(r"^[0-9]+$")
 # used with fullmatch: `$` would also accept a trailing newline ("123\n" as job 123)
-_APP_ID_RE = re.compile(r"(?:(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):)?(?P<job>[0-9]+)")
+_APP_ID_RE = re.compile(
+    r"(?:(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):)?(?P<job>[0-9]+(?:_[0-9]+)?)"
+)
 _STR_OPTIONS = (*SBATCH_JOB_OPTIONS, "job_dir", "cluster")
 
 
@@ -405,11 +407,10 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         lost, before that job could run."""
         try:
             jobs = client.user_jobs()
-            ids = sorted((int(a) for a, j in jobs.items() if comment_key(j.comment) == token))
-            winner = str(ids[0]) if ids else mine
+            winner = _first_with_key(jobs, token) or mine
             client.release(winner)
             if winner != mine:
-                comment = jobs[mine].comment if mine in jobs else ""
+                comment = next((j.comment for j in jobs.values() if j.submit_id == mine), "")
                 client.set_comment(mine, lost_comment(comment))
                 client.cancel(mine)
                 log.info("job %s lost the race for its key to job %s; cancelled", mine, winner)
@@ -417,6 +418,31 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             client.cancel(mine)  # held: it never ran
             raise
         return winner
+
+    def native_array(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> bool:
+        """An app of one role with one replica is one ``sbatch --array`` (a het job cannot be
+        an array: an app of several replicas runs as one job per element, under the cap)."""
+        return len(app.roles) == 1 and app.roles[0].num_replicas == 1
+
+    def submit_array(
+        self,
+        app: AppDef,
+        cfg: Mapping[str, CfgVal],
+        template: tuple[AppDef, list[dict[int, str]]],
+        indices: list[int],
+        max_parallel: int,
+        idempotency_key: str | None = None,
+    ) -> tuple[str, list[str]]:
+        """One ``sbatch --array=<indices>%<max_parallel>``: each task's app id is Slurm's own
+        ``<array job id>_<index>``; the per-element values are set by the batch script from
+        ``$SLURM_ARRAY_TASK_ID``."""
+        if not self.native_array(app, cfg):
+            raise NotImplementedError("slurm: only an app of one replica is a native array")
+        info = self.submit_dryrun(template[0], cfg, idempotency_key)
+        info.request.array = f"{task_ranges(indices)}%{max_parallel}"
+        info.request.array_values = template[1]
+        array_id = self.schedule(info)
+        return array_id, [f"{array_id}_{i}" for i in indices]
 
     # -- describing ----------------------------------------------------------------------------
 
@@ -504,7 +530,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         client = self.client(cluster)
         out = {a: app_state(j.state) for a, j in client.user_accounting("now-1days").items()}
         out.update({a: app_state(j.state) for a, j in client.user_jobs().items()})
-        ordered = sorted(out.items(), key=lambda kv: int(kv[0]))
+        ordered = sorted(out.items(), key=lambda kv: [int(n) for n in kv[0].split("_")])
         return [ListAppResponse(app_id=_join(cluster, a), state=s) for a, s in ordered]
 
     def find_by_idempotency_key(
@@ -517,14 +543,12 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         client = self.client(cluster)
         token = key_token(key)
         jobs = client.user_jobs()
-        hits = sorted(int(a) for a, j in jobs.items() if comment_key(j.comment) == token)
-        if not hits:
-            acct = client.user_accounting("now-30days")
-            hits = sorted(int(a) for a, j in acct.items() if comment_key(j.comment) == token)
-        if not hits:
+        winner = _first_with_key(jobs, token)
+        if winner is None:
+            winner = _first_with_key(client.user_accounting("now-30days"), token)
+        if winner is None:
             return None
-        winner = str(hits[0])
-        if winner in jobs and jobs[winner].held:
+        if any(j.held for j in jobs.values() if j.submit_id == winner):
             client.release(winner)
         return _join(cluster, winner)
 
@@ -728,6 +752,13 @@ def _fill_exit_codes(acct: JobInfo, controller: JobInfo) -> None:
         known = controller.components.get(off)
         if comp.exit_code is None and known is not None and known.exit_code is not None:
             comp.exit_code = known.exit_code
+
+
+def _first_with_key(jobs: Mapping[str, JobInfo], token: str) -> str | None:
+    """The first-submitted (lowest) job id among ``jobs`` that carry the key ``token`` (an
+    array's tasks count as their array job)."""
+    ids = {int(j.submit_id) for j in jobs.values() if comment_key(j.comment) == token}
+    return str(min(ids)) if ids else None
 
 
 def _split(app_id: str) -> tuple[str | None, str] | None:

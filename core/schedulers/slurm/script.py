@@ -13,7 +13,7 @@ import hashlib
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.reports import RESULT_FILE_ENV
 from core.specs import CfgVal, Role, macros
@@ -42,7 +42,19 @@ SBATCH_JOB_OPTIONS: tuple[str, ...] = (
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
 
 _APP_ID_EXPR = '"$SLURM_JOB_ID"'  # the app id is the het job's (leader's) id, known at run time
+# a native array's task: Slurm's own J_i
+_TASK_APP_ID_EXPR = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"'
 _RESULT_DIR = "SHIPYARD_RESULT_DIR"
+#: ``${array_index}`` (a native array task's index) and ``${shipyard_value_N}`` (the value of
+#: this task in :attr:`SlurmBatchRequest.array_values`): run-time values, as ``${app_id}``
+_RUNTIME_RE = re.compile(r"\$\{(app_id|array_index|shipyard_value_[0-9]+)\}")
+_RUNTIME_EXPR = {"array_index": '"$SLURM_ARRAY_TASK_ID"'}
+
+
+def array_value_macro(n: int) -> str:
+    """The placeholder of the ``n``-th per-task value of a native array (see
+    :attr:`SlurmBatchRequest.array_values`)."""
+    return f"${{shipyard_value_{n}}}"
 
 
 def result_dir_name(job_id: str) -> str:
@@ -59,11 +71,20 @@ _SAFE_SBATCH_RE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]+$")
 
 
 def shell_quote(value: str, app_id_expr: str = _APP_ID_EXPR) -> str:
-    """Quotes ``value`` for bash, turning ``${app_id}`` into the job id at run time."""
-    parts = value.split(macros.app_id)
+    """Quotes ``value`` for bash, turning ``${app_id}`` into the job id at run time (and a
+    native array's ``${array_index}`` and per-task values into theirs)."""
+    parts = _RUNTIME_RE.split(value)
     if len(parts) == 1:
         return shlex.quote(value)
-    return app_id_expr.join(shlex.quote(p) if p else "" for p in parts)
+    out = []
+    for i, p in enumerate(parts):
+        if i % 2 == 0:
+            out.append(shlex.quote(p) if p else "")
+        elif p == "app_id":
+            out.append(app_id_expr)
+        else:
+            out.append(_RUNTIME_EXPR.get(p) or f'"${p.upper()}"')
+    return "".join(out)
 
 
 def _sbatch_value(value: str) -> str:
@@ -156,18 +177,20 @@ class SlurmReplicaRequest:
             for k, v in self.sbatch_opts.items()
         ]
 
-    def env_exports(self, index: int) -> list[str]:
+    def env_exports(self, index: int, app_id_expr: str = _APP_ID_EXPR) -> list[str]:
         """Script lines exporting this replica's environment values under private names."""
         return [
-            f"export {_private_name(index, i)}={shell_quote(v)}"
+            f"export {_private_name(index, i)}={shell_quote(v, app_id_expr)}"
             for i, v in enumerate(self.env.values())
         ]
 
-    def srun_group(self, index: int, all_private: list[str]) -> list[str]:
+    def srun_group(
+        self, index: int, all_private: list[str], app_id_expr: str = _APP_ID_EXPR
+    ) -> list[str]:
         """The ``srun`` tokens of this component (quoted for bash): options, then a ``sh -c``
         prelude that sets the replica's variables from their private names (values never in
         argv), drops every component's private names, and runs the command."""
-        srun = [f"--{k}={shell_quote(v)}" for k, v in self.srun_opts.items()]
+        srun = [f"--{k}={shell_quote(v, app_id_expr)}" for k, v in self.srun_opts.items()]
         sets = [f'{k}="${_private_name(index, i)}"' for i, k in enumerate(self.env)]
         sets.append(f'{RESULT_FILE_ENV}="${_RESULT_DIR}/{self.name}.json"')
         prelude = f"export {' '.join(sets)}; " + (
@@ -180,7 +203,8 @@ class SlurmReplicaRequest:
             inner = " ".join(shell_quote(c, '"$SHIPYARD_APP_ID"') for c in cmd)
             return [*srun, "/bin/sh", "-c", shlex.quote(f"{prelude}exec {inner}")]
         body = shlex.quote(f'{prelude}exec "$@"')
-        return [*srun, "/bin/sh", "-c", body, "shipyard-replica", *(shell_quote(c) for c in cmd)]
+        args = (shell_quote(c, app_id_expr) for c in cmd)
+        return [*srun, "/bin/sh", "-c", body, "shipyard-replica", *args]
 
     def private_names(self, index: int) -> list[str]:
         """The private names :meth:`env_exports` uses."""
@@ -215,6 +239,11 @@ class SlurmBatchRequest:
     key: str | None = None
     #: whose results are collected: ``first`` (replica 0 of each role) or ``all``
     result_replicas: str = "first"
+    #: a native array (``sbatch --array``): its tasks, e.g. ``0-999%4`` (one component only)
+    array: str | None = None
+    #: a native array's per-task values: ``array_values[n][i]`` is what
+    #: :func:`array_value_macro` ``(n)`` stands for in task ``i``
+    array_values: list[dict[int, str]] = field(default_factory=list)
 
     def order_components(self) -> None:
         """Puts the replicas that ask for no memory first: sbatch carries ``--mem`` from one
@@ -243,15 +272,22 @@ class SlurmBatchRequest:
             "#!/bin/bash",
             "#",
             f"# Shipyard app {self.app_name or '(unnamed)'}: {len(reps)} replica(s), one"
-            " heterogeneous-job component each.",
+            " heterogeneous-job component each"
+            + (
+                f"; array tasks {self.array} (one app each: <job id>_<task>)."
+                if self.array
+                else "."
+            ),
             "# Submit with: sbatch --parsable <this file>",
             "# Logs: slurm-<job id>-<role>-<replica id>.out and .err in the job's directory.",
             "#",
         ]
+        app_expr = _TASK_APP_ID_EXPR if self.array else _APP_ID_EXPR
         for i, rep in enumerate(reps):
             if i:
                 lines.append("#SBATCH hetjob")
-            lines.append("#SBATCH " + " ".join(rep.sbatch_group()))
+            array = [f"--array={self.array}"] if self.array and not i else []
+            lines.append("#SBATCH " + " ".join([*rep.sbatch_group(), *array]))
         lines += [
             "",
             "export PYTHONUNBUFFERED=1",
@@ -260,14 +296,15 @@ class SlurmBatchRequest:
             " component is not heterogeneous)",
             f'export {RANK0_ENV}="${{SLURM_JOB_NODELIST_HET_GROUP_{rank0}:-$SLURM_JOB_NODELIST}}"',
             "# results ($SHIPYARD_RESULT_FILE) and a memory sample every second (sacct MaxRSS)",
-            f'export {_RESULT_DIR}="$PWD/{result_dir_name("$SLURM_JOB_ID")}"',
+            f'export {_RESULT_DIR}="$PWD/{result_dir_name(app_expr.strip(chr(34)))}"',
             f'mkdir -p "${_RESULT_DIR}"'
             + (f' && : > "${_RESULT_DIR}/all"' if self.result_replicas == "all" else ""),
             'export SLURM_ACCTG_FREQ="${SLURM_ACCTG_FREQ:-task=1}"',
-            "# the replicas' environment, kept out of every command line",
         ]
+        lines += self._array_values()
+        lines.append("# the replicas' environment, kept out of every command line")
         for i, rep in enumerate(reps):
-            lines += rep.env_exports(i)
+            lines += rep.env_exports(i, app_expr)
         if len(reps) > 1:
             lines += [
                 "# srun refuses components that mix the cluster's DefMemPerCPU with --mem; those"
@@ -279,7 +316,7 @@ class SlurmBatchRequest:
             if i:
                 lines.append("  : \\")
             tail = " \\" if i < len(reps) - 1 else ""
-            lines.append("    " + " ".join(rep.srun_group(i, private)) + tail)
+            lines.append("    " + " ".join(rep.srun_group(i, private, app_expr)) + tail)
         lines += ["exitcode=$?", ""]
         if self.max_retries > 0:
             lines += [
@@ -293,6 +330,21 @@ class SlurmBatchRequest:
             ]
         lines += ['exit "$exitcode"', ""]
         return "\n".join(lines)
+
+    def _array_values(self) -> list[str]:
+        """The lines that set this task's values of a native array (``SHIPYARD_VALUE_n``)."""
+        if not self.array_values:
+            return []
+        lines = ["# this array task's values", 'case "$SLURM_ARRAY_TASK_ID" in']
+        for i in sorted(set().union(*self.array_values)):
+            sets = [
+                f"SHIPYARD_VALUE_{n}={shlex.quote(values[i])}"
+                for n, values in enumerate(self.array_values)
+                if i in values
+            ]
+            lines.append(f"  {i}) export {' '.join(sets)} ;;")
+        lines.append("esac")
+        return lines
 
     def __str__(self) -> str:
         return self.materialize()

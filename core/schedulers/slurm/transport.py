@@ -24,6 +24,7 @@ from core.schedulers.slurm.jobinfo import (
     SEP,
     SQUEUE_FORMAT,
     JobInfo,
+    array_query_ids,
     parse_sacct,
     parse_squeue,
 )
@@ -293,7 +294,9 @@ class CommandClient(SlurmClient):
         return job_id
 
     def controller_jobs(self, job_ids: list[str]) -> tuple[dict[str, JobInfo], str | None]:
-        argv = ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-O", SQUEUE_FORMAT]
+        # (-r: one row per array task, also of those still pending)
+        query = ",".join(array_query_ids(job_ids))
+        argv = ["squeue", "-h", "-r", "-t", "all", "-j", query, "-O", SQUEUE_FORMAT]
         try:
             p = self.shell.run(argv)
         except TransportError as e:
@@ -315,7 +318,7 @@ class CommandClient(SlurmClient):
             "-D",
             f"--delimiter={SEP}",
             "-j",
-            ",".join(job_ids),
+            ",".join(array_query_ids(job_ids)),
             "-o",
             fields,
         ]
@@ -330,7 +333,7 @@ class CommandClient(SlurmClient):
         return parse_sacct(p.stdout)
 
     def user_jobs(self) -> dict[str, JobInfo]:
-        p = self.shell.run(["squeue", "-h", "-t", "all", "--me", "-O", SQUEUE_FORMAT])
+        p = self.shell.run(["squeue", "-h", "-r", "-t", "all", "--me", "-O", SQUEUE_FORMAT])
         return parse_squeue(p.stdout) if p.returncode == 0 else {}
 
     def user_accounting(self, since: str) -> dict[str, JobInfo]:

@@ -1,10 +1,13 @@
 """Arrays on the real Slurm cluster, through each transport (local commands, SSH, slurmrestd).
 
-Each element is a job of its own, started by the array's driver as slots free (a native
-``--array`` job is the next step)."""
+An app of one replica runs as one native array (``sbatch --array=...%cap``: Slurm keeps the
+cap; each element is the task ``<job id>_<index>``); an app of several replicas (a het job,
+which cannot be an array) runs as one job per element, started by the array's driver as slots
+free."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from core.runner import Runner, get_runner
-from core.specs import Role
+from core.specs import AppDef, Role
 from tests.integration import arrays
-from tests.integration.slurm.slurm_clusters import TRANSPORTS, Cluster, make_cluster
+from tests.integration.slurm.slurm_clusters import TRANSPORTS, Cluster, make_cluster, wait
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -36,15 +39,74 @@ def role(script: str) -> Role:
 
 def test_elements_at_most_four_at_once_each_once(slurm_runner: Runner, cluster: Cluster) -> None:
     records = str(cluster.scratch)
-    # (each element a job of its own, submitted one after another: ~1.6 s through slurmrestd)
-    arrays.check_cap_and_once(slurm_runner, "slurm", cluster.cfg(), role, records, 8, 1)
+    status = arrays.check_cap_and_once(slurm_runner, "slurm", cluster.cfg(), role, records, 8, 1)
+    # one native array: every element is a task of the same Slurm job
+    assert status.elements is not None
+    app_ids = [(e.handle or "").rsplit("/", 1)[1] for e in status.elements]
+    jobs = {a.rpartition(":")[2].split("_")[0] for a in app_ids}
+    assert len(jobs) == 1 and all(a.endswith(f"_{i}") for i, a in enumerate(app_ids)), app_ids
+
+
+@pytest.mark.parametrize("cluster", ["local"], indirect=True)
+def test_slurm_itself_records_the_elements_as_one_array(
+    slurm_runner: Runner, cluster: Cluster
+) -> None:
+    app = AppDef("native", [role("exit $((SHIPYARD_ARRAY_INDEX == 2))")])
+    handle = slurm_runner.run_array(app, "slurm", cluster.cfg(), size=4, max_parallel=2)
+    status = arrays.final(slurm_runner, handle)
+    assert status.counts() == {"SUCCEEDED": 3, "FAILED": 1}
+    assert status.elements is not None
+    job = (status.elements[0].handle or "").rsplit("/", 1)[1].split("_")[0]
+
+    def accounted() -> list[tuple[str, ...]]:
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State,ExitCode"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        rows = sorted(tuple(line.split("|")) for line in out.split())
+        # (accounting hears of each task, and of the array job being task 3, a little later)
+        return rows if [r[0] for r in rows] == [f"{job}_{i}" for i in range(4)] else []
+
+    rows = wait(accounted, 60, "accounting to record the 4 tasks")
+    assert rows == [
+        (f"{job}_0", "COMPLETED", "0:0"),
+        (f"{job}_1", "COMPLETED", "0:0"),
+        (f"{job}_2", "FAILED", "1:0"),
+        (f"{job}_3", "COMPLETED", "0:0"),
+    ]
+
+
+@pytest.mark.parametrize("cluster", ["local"], indirect=True)
+def test_an_app_of_two_replicas_runs_one_job_per_element_under_the_cap(
+    slurm_runner: Runner, cluster: Cluster
+) -> None:
+    records = str(cluster.scratch)
+    app = AppDef(
+        "pairs",
+        [
+            Role(
+                "w",
+                entrypoint="sh",
+                args=["-c", arrays.recording(records, "sleep 1")],
+                num_replicas=2,
+            )
+        ],
+    )
+    handle = slurm_runner.run_array(app, "slurm", cluster.cfg(), size=4, max_parallel=1)
+    status = arrays.final(slurm_runner, handle)
+    assert status.counts() == {"SUCCEEDED": 4}
+    assert status.elements is not None
+    app_ids = [(e.handle or "").rsplit("/", 1)[1] for e in status.elements]
+    assert len(set(app_ids)) == 4 and not any("_" in a for a in app_ids), app_ids
+    # both replicas of an element run at once; two elements never do
+    assert arrays.runs(records) == {i: 2 for i in range(4)}
+    assert arrays.most_at_once(records) == 2
 
 
 def test_cancel_mid_array(slurm_runner: Runner, cluster: Cluster) -> None:
     arrays.check_cancel(slurm_runner, "slurm", cluster.cfg(), role, str(cluster.scratch))
 
 
-@pytest.mark.parametrize("cluster", ["local"], indirect=True)
 def test_retry_failed_reruns_only_the_failed(slurm_runner: Runner, cluster: Cluster) -> None:
     arrays.check_retry_failed(slurm_runner, "slurm", cluster.cfg(), role, str(cluster.scratch))
 

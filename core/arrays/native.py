@@ -1,0 +1,47 @@
+"""Arrays the backend runs itself (Slurm's ``sbatch --array``): one submission for many elements,
+the cap kept by the backend. The driver still records every element's state and takes cancel
+and retry requests; what it submits is one native array per round of pending elements (the
+first by the submitter itself, the failed ones again once nothing of the array runs)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from core.arrays.spec import ArraySpec, array_template
+from core.arrays.store import ArrayDir
+from core.specs import make_app_handle
+
+if TYPE_CHECKING:
+    from core.schedulers.api import Scheduler
+
+__all__ = ["native_key", "submit_native"]
+
+
+def native_key(array_id: str, n: int) -> str:
+    """The idempotency key of the ``n``-th native submission of an array: a submitter and a
+    driver that both make it get one backend array."""
+    return f"{array_id}[native]:{n}"
+
+
+def submit_native(
+    adir: ArrayDir, sched: Scheduler[Any], n: int, indices: list[int]
+) -> dict[str, Any]:
+    """Submits elements ``indices`` as the array's ``n``-th native array and records it
+    (``native-<n>.json``); returns the record (``array``: its app id; ``elements``: pairs of
+    index and element app id).
+
+    Raises:
+        ValueError: the backend refused the array (the message names why).
+    """
+    from core.appfile import app_from_dict
+
+    request = adir.request() or {}
+    app = app_from_dict(request["app"])
+    spec = ArraySpec.from_json(request["spec"])
+    handle = make_app_handle(adir.backend, adir.session, adir.array_id)
+    template = array_template(app, spec, indices, handle)
+    key = native_key(adir.array_id, n)
+    array, ids = sched.submit_array(app, request["cfg"], template, indices, spec.max_parallel, key)
+    record = {"array": array, "elements": [[i, a] for i, a in zip(indices, ids, strict=True)]}
+    adir.write_native(n, record)
+    return record
