@@ -34,6 +34,8 @@ from bench.harness import (
 
 SESSION = "benchslurm"
 N_HANDLES = 100
+N_ARRAY = 1000  # (Slurm's default MaxArraySize is 1001: indices 0..1000)
+ARRAY_CAP = 8
 CLI = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo")
 
 
@@ -83,6 +85,58 @@ class CallCounter:
                 counts.update(line.strip() for line in f if line.strip())
 
 
+def _array_submit_row(ctx: Ctx, sec: Section, runner: Any, sched: Any) -> None:
+    """``run_array`` of N_ARRAY elements (one native array: one sbatch) beside ``sbatch`` of the
+    same script; each array cancelled, and its driver gone, before the next trial."""
+    from core.arrays import open_array
+    from core.arrays.spec import array_template, make_spec
+    from core.specs import parse_app_handle
+
+    app = _app("bsarr", ["sh", "-c", "sleep 600 # ${array_index}"])
+
+    def shipyard() -> float:
+        t0 = time.perf_counter()
+        h = runner.run_array(app, "slurm", size=N_ARRAY, max_parallel=ARRAY_CAP)
+        dt = time.perf_counter() - t0
+        runner.cancel(h)
+        p = parse_app_handle(h)
+        adir = open_array(p.scheduler_backend, p.session_name, p.app_id)
+        end = runner.wait(h, wait_interval=0.1, timeout=120)
+        if adir is None or end is None or not end.is_terminal():
+            raise AssertionError(f"{h}: did not end after its cancel")
+        wait_for(lambda: not adir.driver_alive(), 60, "the array's driver to exit")
+        return dt
+
+    def raw() -> float:
+        indices = list(range(N_ARRAY))
+        spec = make_spec(app, size=N_ARRAY, max_parallel=ARRAY_CAP)
+        template, values = array_template(app, spec, indices, "slurm://benchslurm/raw")
+        req = sched.submit_dryrun(template, {}).request
+        req.array, req.array_values = f"0-{N_ARRAY - 1}%{ARRAY_CAP}", values
+        script = req.materialize()  # the same script
+        t0 = time.perf_counter()
+        job = _sbatch(script)
+        dt = time.perf_counter() - t0
+        _scancel([job])
+        return dt
+
+    def measure(row: Row) -> None:
+        fill(row, interleave({"shipyard": shipyard, "raw": raw}, ctx.runs, warmup=1))
+        row.note = (
+            "validation of every element, the array's record, one sbatch, its driver started;"
+            " each array cancelled and its driver gone before the next trial"
+        )
+
+    sec.measure(
+        sec.row(
+            f"array submit: run_array of {N_ARRAY:,} elements (native sbatch --array)",
+            ratio(1.5),
+            raw_name="sbatch --array of the same script",
+        ),
+        measure,
+    )
+
+
 def _app(name: str, args: list[str], n: int = 1) -> Any:
     from core.specs import AppDef, Role
 
@@ -105,6 +159,8 @@ def _scancel(ids: list[str]) -> None:
 ROWS: list[tuple[str, Target | None, str]] = [
     ("submit 1 replica", ratio(2), "ms"),
     ("submit 3 replicas (het job)", ratio(2), "ms"),
+    (f"array submit: run_array of {N_ARRAY:,} elements (native sbatch --array)", ratio(1.5),
+     "ms"),
     ("describe an active job", ratio(2), "ms"),
     ("describe an active job: CLI calls", exactly(1, "call"), "calls"),
     ("describe a job squeue forgot: CLI calls", exactly(2, "calls"), "calls"),
@@ -145,7 +201,7 @@ def _run(ctx: Ctx, sec: Section) -> None:
     def squeue_raw(ids: list[str]) -> subprocess.CompletedProcess[str]:
         # the query shipyard makes, run directly
         return subprocess.run(
-            ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT],
+            ["squeue", "-h", "-r", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
 
@@ -174,6 +230,8 @@ def _run(ctx: Ctx, sec: Section) -> None:
 
         name = "submit 1 replica" if n == 1 else f"submit {n} replicas (het job)"
         sec.measure(sec.row(name, ratio(2), raw_name="sbatch of the same script"), submit_row)
+
+    _array_submit_row(ctx, sec, runner, sched)
 
     # -- describe one active job ---------------------------------------------------------------
     h = runner.run(_app("bsdesc", ["sleep", "600"]), "slurm")

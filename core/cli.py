@@ -270,6 +270,8 @@ def _wait(
     from core.watch.job import JobWatch
     from core.watch.progress import Progress
 
+    if args.log and is_array_handle(handle):
+        return _wait_array_logs(runner, handle)
     progress = None
     if not args.log and args.progress != "none":
         live = None if args.progress == "auto" else args.progress == "live"
@@ -294,6 +296,43 @@ def _wait(
     finally:
         if progress is not None:
             progress.close()
+
+
+def is_array_handle(handle: str) -> bool:
+    """Whether ``handle`` names a whole array (not one app, not one element)."""
+    from core import arrays
+    from core.specs import parse_app_handle
+
+    app_id = parse_app_handle(handle).app_id
+    return arrays.is_array_id(app_id) and arrays.split_element_id(app_id)[1] is None
+
+
+def _wait_array_logs(runner: Runner, handle: str) -> AppStatus | None:
+    """``run --array --log``: every element's lines, each prefixed ``[i]``, printed as that
+    element ends (elements run side by side: their lines would interleave). Ctrl-C cancels the
+    array."""
+    from core.specs import is_terminal
+    from core.watch.job import JobWatch
+
+    printed: set[int] = set()
+
+    def print_ended(status: AppStatus) -> None:
+        for e in status.elements or []:
+            if e.index in printed or not is_terminal(e.state) or e.handle is None:
+                continue
+            printed.add(e.index)
+            try:
+                for role, k in runner.replicas(e.handle):
+                    for line in runner.log_lines(e.handle, role, k):
+                        print(f"[{e.index}] {line.rstrip(chr(10))}", flush=True)
+            except ValueError as err:  # (e.g. an element cancelled before it ran)
+                print(f"[{e.index}] no logs: {err}", file=sys.stderr)
+
+    watch = JobWatch(
+        runner, handle, poll_interval=0.2, first_delay=0.001, shared=False,
+        cancel_on_exit=True, on_status=print_ended,
+    )  # fmt: skip
+    return watch.run().status
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -491,7 +530,10 @@ def _add_run_parser(sub: Any) -> None:
         " (none); auto: live on a terminal, plain otherwise",
     )
     run.add_argument(
-        "--log", action="store_true", help="stream the logs of every replica (implies --wait)"
+        "--log",
+        action="store_true",
+        help="stream the logs of every replica (implies --wait); of an array, each element's"
+        " lines prefixed [i], as the element ends",
     )
     run.add_argument(
         "--max-silence",

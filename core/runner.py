@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -38,6 +38,7 @@ from core.specs import (
     AppState,
     AppStatus,
     Cfg,
+    CfgVal,
     is_terminal,
     make_app_handle,
     parse_app_handle,
@@ -384,15 +385,11 @@ class Runner:
         self._check_driven(arrays.first_element(app, spec), scheduler, cfg)
         sched = self._scheduler(scheduler)
         native = sched.native_array(app, sched.resolve_cfg(cfg))
-
-        def submit_first(adir: arrays.ArrayDir) -> None:
-            from core.arrays.native import submit_native
-
-            submit_native(adir, sched, 1, list(range(spec.size)))
-
+        held = self._native_after(scheduler, after, after_condition, cfg) if native else None
         array_id = arrays.create_array(
-            app, scheduler, self._name, dict(cfg or {}), spec, idempotency_key, after,
-            after_condition, native=native, submit_first=submit_first if native and not after else None,
+            app, scheduler, self._name, {**(cfg or {}), **(held or {})}, spec, idempotency_key,
+            after, after_condition, native=native, after_native=held is not None,
+            submit_first=_first_native(sched, spec.size) if native and (held or not after) else None,
         )  # fmt: skip
         handle = make_app_handle(scheduler, self._name, array_id)
         log.info(
@@ -420,12 +417,43 @@ class Runner:
         after = self._check_after(after, condition)
         self._check_driven(app, scheduler, cfg)
         one = arrays.ArraySpec(1, None, 1)
+        held = self._native_after(scheduler, after, condition, cfg)
+        first = _first_native(self._scheduler(scheduler), 1) if held else None
         app_id = arrays.create_array(
-            app, scheduler, self._name, dict(cfg or {}), one, key, after, condition, single=True
-        )
+            app, scheduler, self._name, {**(cfg or {}), **(held or {})}, one, key, after,
+            condition, single=True, native=held is not None, after_native=held is not None,
+            submit_first=first,
+        )  # fmt: skip
         handle = make_app_handle(scheduler, self._name, app_id)
         log.info("queued %s after %s (%s)", handle, ", ".join(after), condition)
         return handle
+
+    def _native_after(
+        self,
+        scheduler: str,
+        after: builtins.list[AppHandle] | None,
+        condition: str,
+        cfg: Cfg | None,
+    ) -> dict[str, CfgVal] | None:
+        """The run options that make ``scheduler`` itself hold an app until ``after`` ended
+        (Slurm's ``--dependency``), if it can: each dependency an app (or an array of one native
+        submission) of that backend that has not ended yet. None: a driver holds the app."""
+        ids = []
+        for h in after or []:
+            p = parse_app_handle(h)
+            app_id = (
+                arrays.native_app_id(p.scheduler_backend, p.session_name, p.app_id)
+                if arrays.is_array_id(p.app_id)
+                else p.app_id
+            )
+            if p.scheduler_backend != scheduler or app_id is None:
+                return None
+            ids.append(app_id)
+        statuses = self.status_many(after or [])
+        if not ids or any(s is None or s.is_terminal() for s in statuses.values()):
+            return None  # (an ended job may be gone from the controller: Slurm then runs at once)
+        sched = self._scheduler(scheduler)
+        return sched.native_after(ids, condition, sched.resolve_cfg(cfg))
 
     def _check_after(
         self, after: builtins.list[AppHandle] | None, condition: str
@@ -777,6 +805,17 @@ class Runner:
         seen = {p.field for p in found} | {p.message for p in found}
         # (a dry run error the backend's checks found again is reported once)
         return [p for p in problems if p.field not in seen and p.message not in seen] + found
+
+
+def _first_native(sched: Scheduler[Any], size: int) -> Callable[[arrays.ArrayDir], None]:
+    """Makes an array's (or a held app's) first native submission, in the submitting process."""
+
+    def submit(adir: arrays.ArrayDir) -> None:
+        from core.arrays.native import submit_native
+
+        submit_native(adir, sched, 1, builtins.list(range(size)))
+
+    return submit
 
 
 def _to_status(desc: Any) -> AppStatus | None:

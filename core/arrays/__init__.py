@@ -52,6 +52,7 @@ __all__ = [
     "is_array_id",
     "is_single",
     "make_spec",
+    "native_app_id",
     "open_array",
     "request_retry",
     "requested_app",
@@ -107,6 +108,7 @@ def create_array(
     condition: str = "ok",
     single: bool = False,
     native: bool = False,
+    after_native: bool = False,
     submit_first: Callable[[ArrayDir], None] | None = None,
 ) -> str:
     """Records the array on this host and starts its driver; returns the array id. With
@@ -114,7 +116,9 @@ def create_array(
     no element starts before those apps ended as ``condition`` says; ``single``: not an array
     but one app that waits for them (its handle stands for that app). ``native``: the array
     runs as the backend's own arrays (:mod:`core.arrays.native`); ``submit_first`` makes the
-    first one before the driver starts (unless the array has one)."""
+    first one before the driver starts (unless the array has one). ``after_native``: ``cfg``
+    makes the backend itself hold the elements until ``after`` ended (Slurm's
+    ``--dependency``), so the driver submits them at once."""
     from core.appfile import app_to_dict  # (yaml and the schema: not for every status read)
 
     adir = ArrayDir(backend, session, _array_id(app, key))
@@ -132,6 +136,7 @@ def create_array(
                 "condition": condition,
                 "single": single,
                 "native": native,
+                "after_native": after_native,
                 "cwd": os.getcwd(),
                 "created": time.time(),
             }
@@ -155,6 +160,22 @@ def _prune(backend: str, session: str) -> None:
         return
     if gone:
         log.info("removed %d ended arrays past their retention: %s", len(gone), ", ".join(gone))
+
+
+def native_app_id(backend: str, session: str, app_id: str) -> str | None:
+    """The backend's own app id of an array (or element, or held app) that was submitted once
+    as a native array (:mod:`core.arrays.native`); None for any other (its elements are apps
+    of their own, or not submitted yet, or submitted again by a retry)."""
+    array_id, index = split_element_id(app_id)
+    adir = open_array(backend, session, array_id)
+    if adir is None or adir.retries_pending():
+        return None
+    records = adir.natives()
+    if len(records) != 1:
+        return None
+    if index is None:
+        return str(records[0]["array"])
+    return next((str(a) for i, a in records[0]["elements"] if i == index), None)
 
 
 def open_array(backend: str, session: str, array_id: str) -> ArrayDir | None:

@@ -185,6 +185,8 @@ class Driver:
         after: list[str] = self.request.get("after") or []
         if self.gate_open or not after or all(e.handle for e in self.elements):
             return True
+        if self.request.get("after_native"):
+            return True  # (the backend holds the elements: see _dependency_ended)
         statuses = self.statuses.read(after)
         if len(statuses) < len(after):
             return False  # (not all polled yet)
@@ -205,6 +207,14 @@ class Driver:
         self.gate_open = True
         return True
 
+    def _dependency_ended(self) -> str | None:
+        """Why the backend ended an element it held for ``after``, naming the dependency (None
+        while no dependency reads as ended so: its record may lag the backend's)."""
+        after: list[str] = self.request.get("after") or []
+        statuses = self.runner.status_many(after)
+        verdict, why = dependency_verdict(after, statuses, self.request.get("condition", "ok"))
+        return why if verdict is False else None
+
     def _live(self) -> list[ElementStatus]:
         return [e for e in self.elements if e.handle and not is_terminal(e.state)]
 
@@ -219,6 +229,12 @@ class Driver:
                 e.state, e.msg = AppState.FAILED, f"{e.handle} is no longer known to its scheduler"
             else:
                 e.state, e.msg, e.exit_code, e.reason = s.state, s.msg, _exit_code(s), s.reason
+            if e.reason == Reason.DEPENDENCY and self.request.get("after_native"):
+                why = self._dependency_ended()
+                if why is None:  # (look again: the dependency's own record is behind)
+                    e.state, e.reason = AppState.PENDING, None
+                    continue
+                e.msg = why
             if is_terminal(e.state):
                 self.statuses.forget(e.handle)
 

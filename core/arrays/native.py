@@ -37,11 +37,16 @@ def submit_native(
 
     request = adir.request() or {}
     app = app_from_dict(request["app"])
-    spec = ArraySpec.from_json(request["spec"])
-    handle = make_app_handle(adir.backend, adir.session, adir.array_id)
-    template = array_template(app, spec, indices, handle)
     key = native_key(adir.array_id, n)
-    array, ids = sched.submit_array(app, request["cfg"], template, indices, spec.max_parallel, key)
+    if request.get("single"):  # (an app held by the backend until its dependencies end)
+        array = sched.schedule(sched.submit_dryrun(app, request["cfg"], key))
+        ids = [array]
+    else:
+        spec = ArraySpec.from_json(request["spec"])
+        handle = make_app_handle(adir.backend, adir.session, adir.array_id)
+        template = array_template(app, spec, indices, handle)
+        cap = spec.max_parallel
+        array, ids = sched.submit_array(app, request["cfg"], template, indices, cap, key)
     record = {"array": array, "elements": [[i, a] for i, a in zip(indices, ids, strict=True)]}
     adir.write_native(n, record)
     return record

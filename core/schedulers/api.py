@@ -308,6 +308,15 @@ class Scheduler(abc.ABC, Generic[T]):
         """
         raise NotImplementedError(f"{type(self).__name__} has no native arrays")
 
+    def native_after(
+        self, app_ids: builtins.list[str], condition: str, cfg: Mapping[str, CfgVal]
+    ) -> dict[str, CfgVal] | None:
+        """The run options that make the backend itself hold an app until ``app_ids`` (apps of
+        this backend, none ended yet) ended as ``condition`` says (``ok``, ``any``, ``notok``),
+        ending it CANCELLED when that can no longer be; None (the default) if it cannot (a
+        driver process then holds the app)."""
+        return None
+
     def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
         """The results (``$SHIPYARD_RESULT_FILE``) of the app's collected replicas: replica 0
         of each role, or every replica with ``result_replicas=all``. A replica's oversized or

@@ -372,6 +372,8 @@ def to_response(info: JobInfo, app_id: str | None = None) -> DescribeAppResponse
         roles.setdefault(role, RoleStatus(role))
         roles[role].replicas.append(_replica_status(comp, state, role, idx))
     job_reason = SLURM_REASONS.get(info.state) if is_terminal(state) else None
+    if state == AppState.CANCELLED and info.reason == "DependencyNeverSatisfied":
+        job_reason = Reason.DEPENDENCY  # (--kill-on-invalid-dep)
     for rs in roles.values():
         rs.replicas.sort(key=lambda r: r.id)
         for r in rs.replicas:  # (a job's timeout or preemption cancels its steps: say why)

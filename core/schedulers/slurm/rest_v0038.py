@@ -34,6 +34,7 @@ _PLAIN = {
     "mail-user": "mail_user",
     "mail-type": "mail_type",
     "gpus-per-task": "gpus_per_task",
+    "dependency": "dependency",
 }
 _INTS = {"ntasks": "tasks", "cpus-per-task": "cpus_per_task", "mem": "memory_per_node"}
 _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
@@ -71,6 +72,8 @@ def _component(rep: SlurmReplicaRequest, workdir: str, env: Mapping[str, str]) -
                 props["time_limit"] = minutes
         elif opt == "requeue":
             props["requeue"] = True
+        elif opt == "kill-on-invalid-dep":
+            props["kill_on_invalid_dependency"] = value == "yes"
     return props
 
 

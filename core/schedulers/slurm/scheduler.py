@@ -80,6 +80,7 @@ _JOB_ID_RE = re.compile(r"^[0-9]+$")
 _APP_ID_RE = re.compile(
     r"(?:(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62}):)?(?P<job>[0-9]+(?:_[0-9]+)?)"
 )
+_DEPENDENCY_RE = re.compile(r"[a-z]+(:[0-9]+(_[0-9*]+)?(\+[0-9]+)?)*([,?][a-z]+(:[0-9_*+]+)*)*")
 _STR_OPTIONS = (*SBATCH_JOB_OPTIONS, "job_dir", "cluster")
 
 
@@ -128,6 +129,13 @@ def run_opts() -> runopts:
         type_=str,
         help="A named cluster of clusters.yaml (or registered in this process), reached"
         " over SSH or slurmrestd; default: this host's Slurm commands.",
+    )
+    opts.add(
+        "dependency",
+        type_=str,
+        help="sbatch --dependency, e.g. afterok:123:124 (Shipyard adds --kill-on-invalid-dep=yes:"
+        " a dependency that can never be met ends the job CANCELLED); Runner.run(after=...)"
+        " sets it for jobs of the same cluster",
     )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     return opts
@@ -443,6 +451,17 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         info.request.array_values = template[1]
         array_id = self.schedule(info)
         return array_id, [f"{array_id}_{i}" for i in indices]
+
+    def native_after(
+        self, app_ids: list[str], condition: str, cfg: Mapping[str, CfgVal]
+    ) -> dict[str, CfgVal] | None:
+        """``--dependency=after<condition>:<ids>`` when every app is a job (or array) of the
+        cluster ``cfg`` submits to; else None."""
+        cluster = _cfg_cluster(cfg)
+        jobs = [_split(a) for a in app_ids]
+        if not jobs or any(j is None or j[0] != cluster for j in jobs):
+            return None
+        return {"dependency": f"after{condition}:" + ":".join(j[1] for j in jobs if j)}
 
     # -- describing ----------------------------------------------------------------------------
 
@@ -782,6 +801,12 @@ def _validate_options(cfg: Mapping[str, CfgVal]) -> None:
             raise ValueError(
                 f"cfg.{key}: expected a string without control characters, got {value!r}"
             )
+    dep = cfg.get("dependency")
+    if dep and not _DEPENDENCY_RE.fullmatch(str(dep)):
+        raise ValueError(
+            "cfg.dependency: expected sbatch's form, e.g. afterok:123:124 or afterany:7_3,"
+            f" got {dep!r}"
+        )
     t = cfg.get("time")
     if t and not (_TIME_RE.fullmatch(str(t)) or str(t).upper() in ("UNLIMITED", "INFINITE")):
         raise ValueError(

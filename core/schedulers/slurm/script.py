@@ -35,6 +35,7 @@ SBATCH_JOB_OPTIONS: tuple[str, ...] = (
     "constraint",
     "mail-user",
     "mail-type",
+    "dependency",
 )
 
 #: the environment variable, set in every replica, that names the node of replica 0 of role 0
@@ -148,6 +149,8 @@ class SlurmReplicaRequest:
             value = cfg.get(key)
             if value is not None and value != "":
                 sbatch_opts[key] = str(value)
+        if "dependency" in sbatch_opts:  # one that can never be met ends the job (not PENDING)
+            sbatch_opts["kill-on-invalid-dep"] = "yes"
         res = role.resource
         if res.cpu > 0:
             sbatch_opts["cpus-per-task"] = str(res.cpu)

@@ -119,6 +119,21 @@ def test_the_cli_runs_follows_and_reads_an_array(tmp_path: Path) -> None:
     assert f"dependency {handle} ended FAILED (after_condition ok)" in after.stdout
     after = shipyard("run", "--after", handle, "--after-condition", "any", "--wait", "--", "true")
     assert after.returncode == 0, after.stdout + after.stderr
+    logged = shipyard(
+        "run",
+        "--array",
+        "0-2%2",
+        "--log",
+        "--",
+        "sh",
+        "-c",
+        "echo hi $SHIPYARD_ARRAY_INDEX; echo two",
+    )
+    assert logged.returncode == 0, logged.stderr
+    lines = logged.stdout.split("\n")
+    for i in range(3):  # (each element's lines together, in their order)
+        at = lines.index(f"[{i}] hi {i}")
+        assert lines[at + 1] == f"[{i}] two", lines
     bad = shipyard("run", "--array", "3-9", "--", "true")
     assert bad.returncode == 2 and "--array: expected 0-N[%K]" in bad.stderr
     bad = shipyard("run", "--array", "0-3%0", "--", "true")

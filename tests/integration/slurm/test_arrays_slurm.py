@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from core.runner import Runner, get_runner
-from core.specs import AppDef, Role
+from core.specs import AppDef, AppState, Role
 from tests.integration import arrays
 from tests.integration.slurm.slurm_clusters import TRANSPORTS, Cluster, make_cluster, wait
 
@@ -124,3 +124,31 @@ def test_a_chain_runs_in_order_and_a_failure_cancels_what_waits(
     slurm_runner: Runner, cluster: Cluster
 ) -> None:
     arrays.check_chain(slurm_runner, "slurm", cluster.cfg(), role, str(cluster.scratch))
+
+
+@pytest.mark.parametrize("cluster", ["local", "rest"], indirect=True)
+def test_jobs_that_wait_are_held_by_slurm_itself(slurm_runner: Runner, cluster: Cluster) -> None:
+    records = cluster.scratch / "order"
+    a = slurm_runner.run(
+        AppDef("a", [role(f"sleep 2; echo a >> {records}")]), "slurm", cluster.cfg()
+    )
+    b = slurm_runner.run(
+        AppDef("b", [role(f"echo b >> {records}")]), "slurm", cluster.cfg(), after=[a]
+    )
+    c = slurm_runner.run_array(
+        AppDef("c", [role(f"echo c$SHIPYARD_ARRAY_INDEX >> {records}")]), "slurm",
+        cluster.cfg(), size=2, after=[b], after_condition="any",
+    )  # fmt: skip
+    # each is queued in Slurm at once (not by a driver once its dependency ended)
+    held = [slurm_runner.status(h) for h in (b, c)]
+    assert all(s is not None and s.elements and s.elements[0].handle for s in held), held
+    a_job = a.rsplit("/", 1)[1].rpartition(":")[2]
+    b_job = (held[0].elements[0].handle or "").rsplit("/", 1)[1].rpartition(":")[2]
+    if not cluster.remote:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", b_job, "-O", "Dependency"], capture_output=True, text=True
+        ).stdout  # fmt: skip
+        assert out.strip().startswith(f"afterok:{a_job}"), out
+    assert arrays.final(slurm_runner, c).state == AppState.SUCCEEDED
+    lines = records.read_text().split()
+    assert lines[:2] == ["a", "b"] and sorted(lines[2:]) == ["c0", "c1"], lines
