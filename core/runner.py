@@ -39,6 +39,7 @@ from core.specs import (
     AppStatus,
     Cfg,
     CfgVal,
+    Reason,
     is_terminal,
     make_app_handle,
     parse_app_handle,
@@ -523,7 +524,15 @@ class Runner:
             if not is_terminal(element.state):
                 arrays.revive(adir)
             return AppStatus(element.state, msg=element.msg, reason=element.reason)
-        return self.status(element.handle)
+        status = self.status(element.handle)
+        if status is None or status.reason != Reason.DEPENDENCY:
+            return status
+        # the backend ended it for its dependencies: the driver's record names which
+        if not is_terminal(element.state):
+            arrays.revive(adir)
+            return AppStatus(AppState.PENDING, msg="its dependencies can never be met")
+        status.msg = element.msg or status.msg
+        return status
 
     def _element_app(self, app_handle: AppHandle) -> AppHandle:
         """The app an element handle stands for (any other handle unchanged)."""

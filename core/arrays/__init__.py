@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from core.arrays.driver import cancel_targets, ensure_driver
+from core.arrays.native import take_natives
 from core.arrays.spec import (
     ArraySpec,
     ArraySpecError,
@@ -192,9 +193,13 @@ def is_single(adir: ArrayDir) -> bool:
 def _elements(adir: ArrayDir, state: dict[str, Any] | None = None) -> list[ElementStatus]:
     state = state if state is not None else adir.state()
     if state is not None:
-        return [ElementStatus.from_json(e) for e in state["elements"]]
-    request = adir.request() or {}
-    return [ElementStatus(i, AppState.PENDING) for i in range(int(request["spec"]["size"]))]
+        elements = [ElementStatus.from_json(e) for e in state["elements"]]
+    else:
+        request = adir.request() or {}
+        elements = [ElementStatus(i, AppState.PENDING) for i in range(int(request["spec"]["size"]))]
+    # (a native submission its driver has not recorded yet: its elements are queued already)
+    take_natives(adir, elements, int((state or {}).get("natives", 0)))
+    return elements
 
 
 def _aggregate(elements: list[ElementStatus], cancelled: bool) -> AppState:

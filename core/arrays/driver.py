@@ -264,36 +264,24 @@ class Driver:
             e.state, e.msg = AppState.FAILED, f"submit failed: {err}"
         e.attempts += 1
 
-    def _take_natives(self) -> list[dict[str, Any]]:
-        """Gives the elements of native submissions not yet taken their handles."""
-        records = self.adir.natives()
-        for record in records[self.natives_seen :]:
-            for index, app_id in record["elements"]:
-                e = self.elements[index]
-                e.handle = make_app_handle(self.adir.backend, self.adir.session, app_id)
-                e.state, e.msg = AppState.SUBMITTED, ""
-                e.attempts += 1
-        self.natives_seen = len(records)
-        return records
-
     def _start_native(self) -> None:
         """Submits the elements waiting to start as one native array, once none runs (so the
         backend's cap covers them all)."""
-        from core.arrays.native import submit_native
+        from core.arrays.native import submit_native, take_natives
 
-        records = self._take_natives()
+        self.natives_seen = take_natives(self.adir, self.elements, self.natives_seen)
         pending = [e for e in self.elements if e.handle is None and e.state == AppState.PENDING]
         if not pending or self._live():
             return
         sched = self.runner.scheduler(self.adir.backend)
         try:
-            submit_native(self.adir, sched, len(records) + 1, [e.index for e in pending])
+            submit_native(self.adir, sched, self.natives_seen + 1, [e.index for e in pending])
         except ValueError as err:  # the backend refused it: those elements failed
             for e in pending:
                 e.state, e.msg = AppState.FAILED, f"submit failed: {err}"
                 e.attempts += 1
             return
-        self._take_natives()
+        self.natives_seen = take_natives(self.adir, self.elements, self.natives_seen)
 
     def _cancel(self) -> None:
         for e in self.elements:

@@ -9,12 +9,26 @@ from typing import TYPE_CHECKING, Any
 
 from core.arrays.spec import ArraySpec, array_template
 from core.arrays.store import ArrayDir
-from core.specs import make_app_handle
+from core.specs import AppState, ElementStatus, make_app_handle
 
 if TYPE_CHECKING:
     from core.schedulers.api import Scheduler
 
-__all__ = ["native_key", "submit_native"]
+__all__ = ["native_key", "submit_native", "take_natives"]
+
+
+def take_natives(adir: ArrayDir, elements: list[ElementStatus], seen: int) -> int:
+    """Gives the elements of the array's native submissions after its first ``seen`` their
+    handles (SUBMITTED, one attempt more); returns how many submissions there are."""
+    n = seen
+    while (record := adir.native(n + 1)) is not None:
+        for index, app_id in record["elements"]:
+            e = elements[index]
+            e.handle = make_app_handle(adir.backend, adir.session, app_id)
+            e.state, e.msg, e.reason = AppState.SUBMITTED, "", None
+            e.attempts += 1
+        n += 1
+    return n
 
 
 def native_key(array_id: str, n: int) -> str:

@@ -104,10 +104,15 @@ class ArrayDir:
         ``elements``: each element's, by index)."""
         _write_json(self._file(f"native-{n}.json"), record)
 
+    def native(self, n: int) -> dict[str, Any] | None:
+        """The ``n``-th native submission (from 1), or None."""
+        data = _read_json(self._file(f"native-{n}.json"))
+        return data if isinstance(data, dict) else None
+
     def natives(self) -> list[dict[str, Any]]:
         """The native submissions recorded so far, first first (see :meth:`write_native`)."""
         out: list[dict[str, Any]] = []
-        while (record := _read_json(self._file(f"native-{len(out) + 1}.json"))) is not None:
+        while (record := self.native(len(out) + 1)) is not None:
             out.append(record)
         return out
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from core.arrays import native_app_id
 from core.runner import Runner, get_runner
-from core.specs import AppDef, AppState, Role
+from core.specs import AppDef, AppState, Role, parse_app_handle
 from tests.integration import arrays
 from tests.integration.slurm.slurm_clusters import TRANSPORTS, Cluster, make_cluster, wait
 
@@ -129,8 +130,10 @@ def test_a_chain_runs_in_order_and_a_failure_cancels_what_waits(
 @pytest.mark.parametrize("cluster", ["local", "rest"], indirect=True)
 def test_jobs_that_wait_are_held_by_slurm_itself(slurm_runner: Runner, cluster: Cluster) -> None:
     records = cluster.scratch / "order"
+    go = cluster.scratch / "go"  # (a runs until the test has seen what waits for it)
+    wait_go = f"t=0; while [ ! -e {go} ] && [ $t -lt 1200 ]; do sleep 0.1; t=$((t+1)); done"
     a = slurm_runner.run(
-        AppDef("a", [role(f"sleep 2; echo a >> {records}")]), "slurm", cluster.cfg()
+        AppDef("a", [role(f"{wait_go}; echo a >> {records}")]), "slurm", cluster.cfg()
     )
     b = slurm_runner.run(
         AppDef("b", [role(f"echo b >> {records}")]), "slurm", cluster.cfg(), after=[a]
@@ -140,15 +143,24 @@ def test_jobs_that_wait_are_held_by_slurm_itself(slurm_runner: Runner, cluster: 
         cluster.cfg(), size=2, after=[b], after_condition="any",
     )  # fmt: skip
     # each is queued in Slurm at once (not by a driver once its dependency ended)
-    held = [slurm_runner.status(h) for h in (b, c)]
-    assert all(s is not None and s.elements and s.elements[0].handle for s in held), held
+    queued = slurm_runner.status(c)
+    assert queued is not None and queued.elements is not None
+    assert all(e.handle for e in queued.elements), queued.elements
+
+    def reason_dependency() -> bool:
+        s = slurm_runner.status(b)
+        return s is not None and s.msg == "PENDING (Dependency)"
+
+    wait(reason_dependency, 60, "Slurm to hold b for its dependency")
     a_job = a.rsplit("/", 1)[1].rpartition(":")[2]
-    b_job = (held[0].elements[0].handle or "").rsplit("/", 1)[1].rpartition(":")[2]
+    p = parse_app_handle(b)
+    b_job = (native_app_id(p.scheduler_backend, p.session_name, p.app_id) or "").rpartition(":")[2]
     if not cluster.remote:
         out = subprocess.run(
             ["squeue", "-h", "-j", b_job, "-O", "Dependency"], capture_output=True, text=True
         ).stdout  # fmt: skip
         assert out.strip().startswith(f"afterok:{a_job}"), out
+    go.touch()
     assert arrays.final(slurm_runner, c).state == AppState.SUCCEEDED
     lines = records.read_text().split()
     assert lines[:2] == ["a", "b"] and sorted(lines[2:]) == ["c0", "c1"], lines
