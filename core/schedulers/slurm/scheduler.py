@@ -97,6 +97,7 @@ SlurmOpts = TypedDict(
         "mail-type": str | None,
         "job_dir": str | None,
         "cluster": str | None,
+        "dependency": str | None,
         "result_replicas": str,
     },
     total=False,
