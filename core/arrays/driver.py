@@ -21,6 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from core.arrays.native import take_natives
 from core.arrays.spec import ArraySpec, element_app
 from core.arrays.store import ArrayDir
 from core.specs import AppState, AppStatus, ElementStatus, Reason, is_terminal, make_app_handle
@@ -158,6 +159,8 @@ class Driver:
         """One look: retries taken, states refreshed, cancels sent, free slots filled; the
         state written if anything changed. Returns whether anything did."""
         before = [e.to_json() for e in self.elements]
+        if self.native:  # (queued already by whoever submitted them: followed, and cancelled)
+            self.natives_seen = take_natives(self.adir, self.elements, self.natives_seen)
         retries = self.adir.retry_requests()
         for _, indices in retries:
             self._retry(indices)
@@ -267,9 +270,8 @@ class Driver:
     def _start_native(self) -> None:
         """Submits the elements waiting to start as one native array, once none runs (so the
         backend's cap covers them all)."""
-        from core.arrays.native import submit_native, take_natives
+        from core.arrays.native import submit_native
 
-        self.natives_seen = take_natives(self.adir, self.elements, self.natives_seen)
         pending = [e for e in self.elements if e.handle is None and e.state == AppState.PENDING]
         if not pending or self._live():
             return

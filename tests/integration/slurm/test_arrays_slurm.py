@@ -164,3 +164,21 @@ def test_jobs_that_wait_are_held_by_slurm_itself(slurm_runner: Runner, cluster: 
     assert arrays.final(slurm_runner, c).state == AppState.SUCCEEDED
     lines = records.read_text().split()
     assert lines[:2] == ["a", "b"] and sorted(lines[2:]) == ["c0", "c1"], lines
+
+
+@pytest.mark.parametrize("cluster", ["local"], indirect=True)
+def test_an_array_cancelled_as_soon_as_submitted_ends_cancelled(
+    slurm_runner: Runner, cluster: Cluster
+) -> None:
+    # (the cancel may reach the driver before it took the native submission its submitter made)
+    app = AppDef("quick", [role("sleep 300")])
+    handle = slurm_runner.run_array(app, "slurm", cluster.cfg(), size=5, max_parallel=2)
+    slurm_runner.cancel(handle)
+    status = arrays.final(slurm_runner, handle, timeout=60)
+    assert status.counts() == {"CANCELLED": 5}, status
+    assert status.elements is not None and all(e.handle for e in status.elements)
+    job = (status.elements[0].handle or "").rsplit("/", 1)[1].split("_")[0]
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-j", job, "-t", "PD,R"], capture_output=True, text=True
+    )
+    assert out.stdout.strip() == "", out.stdout
