@@ -97,6 +97,24 @@ def test_a_task_after_another_waits_and_is_cancelled_when_it_failed(runner: Any)
         op.execute(context(TaskInstanceStub(task_id="b"), StateStoreStub()))
 
 
+def test_the_sensor_waits_on_a_whole_array(runner: Any) -> None:
+    from airflow_provider.sensors import ShipyardJobSensor
+
+    handle = runner.run_array(app("sleep 0.3; exit $SHIPYARD_ARRAY_INDEX"), "local_cwd", size=2)
+    sensor = ShipyardJobSensor(
+        task_id="wait", app_handle=handle, target_states=["FAILED"], failure_states=["CANCELLED"]
+    )
+    result = sensor.poke(context(TaskInstanceStub()))
+    assert not result  # (its elements still run)
+    ended = runner.wait(handle, wait_interval=0.1, timeout=60)
+    assert ended.counts() == {"SUCCEEDED": 1, "FAILED": 1}
+    done = sensor.poke(context(TaskInstanceStub()))
+    assert done.is_done and done.xcom_value == "FAILED"  # type: ignore[union-attr]
+    strict = ShipyardJobSensor(task_id="wait2", app_handle=handle)
+    with pytest.raises(AirflowException, match=r"is FAILED, not one of \['SUCCEEDED'\]"):
+        strict.poke(context(TaskInstanceStub()))
+
+
 def test_bad_array_arguments_fail_before_anything_starts() -> None:
     with pytest.raises(ValueError, match="allow_failures: expected a non-negative integer"):
         ShipyardOperator(task_id="t", app=app("true"), array_size=2, allow_failures=-1)
