@@ -390,7 +390,10 @@ class Runner:
         array_id = arrays.create_array(
             app, scheduler, self._name, {**(cfg or {}), **(held or {})}, spec, idempotency_key,
             after, after_condition, native=native, after_native=held is not None,
-            submit_first=_first_native(sched, spec.size) if native and (held or not after) else None,
+            submit_first=(
+                _first_native(sched, spec.size, bool(idempotency_key))
+                if native and (held or not after) else None
+            ),
         )  # fmt: skip
         handle = make_app_handle(scheduler, self._name, array_id)
         log.info(
@@ -419,7 +422,7 @@ class Runner:
         self._check_driven(app, scheduler, cfg)
         one = arrays.ArraySpec(1, None, 1)
         held = self._native_after(scheduler, after, condition, cfg)
-        first = _first_native(self._scheduler(scheduler), 1) if held else None
+        first = _first_native(self._scheduler(scheduler), 1, bool(key)) if held else None
         app_id = arrays.create_array(
             app, scheduler, self._name, {**(cfg or {}), **(held or {})}, one, key, after,
             condition, single=True, native=held is not None, after_native=held is not None,
@@ -816,13 +819,16 @@ class Runner:
         return [p for p in problems if p.field not in seen and p.message not in seen] + found
 
 
-def _first_native(sched: Scheduler[Any], size: int) -> Callable[[arrays.ArrayDir], None]:
-    """Makes an array's (or a held app's) first native submission, in the submitting process."""
+def _first_native(
+    sched: Scheduler[Any], size: int, keyed: bool
+) -> Callable[[arrays.ArrayDir], None]:
+    """Makes an array's (or a held app's) first native submission, in the submitting process
+    (``keyed``: the caller gave an idempotency key, see ``submit_native``)."""
 
     def submit(adir: arrays.ArrayDir) -> None:
         from core.arrays.native import submit_native
 
-        submit_native(adir, sched, 1, builtins.list(range(size)))
+        submit_native(adir, sched, 1, builtins.list(range(size)), keyed)
 
     return submit
 

@@ -159,6 +159,9 @@ SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
+# every task of a cancelled array is a job record until MinJobAge: the default 10000 records
+# (ten cancelled 1,000-element arrays) would make sbatch wait for room
+MaxJobCount=100000
 NodeName=node[1-3] NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=17001-17003 CPUs=2 RealMemory=4000 State=UNKNOWN
 PartitionName=debug Nodes=node[1-3] Default=YES MaxTime=INFINITE State=UP
 EOF

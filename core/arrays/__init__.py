@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -149,7 +150,11 @@ def create_array(
             if created:
                 adir.remove()
             raise
-    ensure_driver(adir)
+        # the backend queued every element: the driver only records their states, so it is
+        # started beside the return (a status read starts one if this process dies first)
+        threading.Thread(target=ensure_driver, args=(adir,), name="shipyard-array-start").start()
+    else:
+        ensure_driver(adir)
     return adir.array_id
 
 

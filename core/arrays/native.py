@@ -38,11 +38,14 @@ def native_key(array_id: str, n: int) -> str:
 
 
 def submit_native(
-    adir: ArrayDir, sched: Scheduler[Any], n: int, indices: list[int]
+    adir: ArrayDir, sched: Scheduler[Any], n: int, indices: list[int], keyed: bool = True
 ) -> dict[str, Any]:
     """Submits elements ``indices`` as the array's ``n``-th native array and records it
     (``native-<n>.json``); returns the record (``array``: its app id; ``elements``: pairs of
-    index and element app id).
+    index and element app id). ``keyed``: with the submission's idempotency key, so that
+    whoever makes it again gets the same (a driver's submissions, and a keyed array's first;
+    an array without a key has its first made once, by its submitter, before any driver runs:
+    its handle was never returned if the submitter died before recording it).
 
     Raises:
         ValueError: the backend refused the array (the message names why).
@@ -51,7 +54,7 @@ def submit_native(
 
     request = adir.request() or {}
     app = app_from_dict(request["app"])
-    key = native_key(adir.array_id, n)
+    key = native_key(adir.array_id, n) if keyed else None
     if request.get("single"):  # (an app held by the backend until its dependencies end)
         array = sched.schedule(sched.submit_dryrun(app, request["cfg"], key))
         ids = [array]

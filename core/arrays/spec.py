@@ -123,9 +123,26 @@ def make_spec(
     cap = n if max_parallel is None else _positive(max_parallel, "max_parallel")
     spec = ArraySpec(n, plist, min(cap, n))
     validate_app(app)
-    for i in range(n):
-        element_app(app, spec, i, "")  # every element's macros resolve, before anything starts
+    _check_macros(app, spec)
     return spec
+
+
+def _check_macros(app: AppDef, spec: ArraySpec) -> None:
+    """Every element's macros resolve (before anything starts): each string that has one is
+    substituted for every element (the app itself is copied for none)."""
+    texts = [
+        (text, f"{what} of role {role.name!r}")
+        for role in app.roles
+        for text, what in [
+            *((a, "args") for a in role.args),
+            *((v, f"env {k}") for k, v in role.env.items()),
+        ]
+        if "${params." in text
+    ]
+    for i in range(spec.size) if texts else ():
+        params = spec.params[i] if spec.params is not None else None
+        for text, where in texts:
+            _substitute(text, i, params, where)
 
 
 def element_app(app: AppDef, spec: ArraySpec, index: int, array_id: str) -> AppDef:

@@ -37,7 +37,7 @@ def _write_json(path: str, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, separators=(",", ":"))
+            f.write(json.dumps(data, separators=(",", ":")))  # (the C encoder: json.dump's is not)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

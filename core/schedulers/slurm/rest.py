@@ -194,8 +194,12 @@ class RestClient(SlurmClient):
             found.update(self.api.parse_accounting(payload))
         return found
 
-    def user_jobs(self) -> dict[str, JobInfo]:
-        return self.api.parse_jobs(self._call("GET", f"{self.api.SLURM}/jobs"), self.cluster.user)
+    def user_jobs(self, marked: str | None = None) -> dict[str, JobInfo]:
+        payload = self._call("GET", f"{self.api.SLURM}/jobs")
+        if marked is not None:
+            jobs = [j for j in payload.get("jobs") or [] if marked in str(j.get("comment") or "")]
+            payload = {**payload, "jobs": jobs}
+        return self.api.parse_jobs(payload, self.cluster.user)
 
     def user_accounting(self, since: str) -> dict[str, JobInfo]:
         payload = self._call("GET", f"{self.api.SLURMDB}/jobs", params={"start_time": since})

@@ -415,7 +415,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         finishes a submit whose submitter died before releasing) and cancels its own job if it
         lost, before that job could run."""
         try:
-            jobs = client.user_jobs()
+            jobs = client.user_jobs(marked=token)
             winner = _first_with_key(jobs, token) or mine
             client.release(winner)
             if winner != mine:
@@ -562,7 +562,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         cluster = _cfg_cluster(cfg or {})
         client = self.client(cluster)
         token = key_token(key)
-        jobs = client.user_jobs()
+        jobs = client.user_jobs(marked=token)
         winner = _first_with_key(jobs, token)
         if winner is None:
             winner = _first_with_key(client.user_accounting("now-30days"), token)

@@ -242,8 +242,10 @@ class SlurmClient(abc.ABC):
         """What accounting knows of ``job_ids`` (None if accounting is not available)."""
 
     @abc.abstractmethod
-    def user_jobs(self) -> dict[str, JobInfo]:
-        """Every job of the user that the controller knows (any state)."""
+    def user_jobs(self, marked: str | None = None) -> dict[str, JobInfo]:
+        """Every job of the user that the controller knows (any state); with ``marked``, only
+        those whose comment holds that text (an idempotency key's mark: a user may have tens of
+        thousands of jobs, a key a few)."""
 
     @abc.abstractmethod
     def user_accounting(self, since: str) -> dict[str, JobInfo]:
@@ -332,9 +334,14 @@ class CommandClient(SlurmClient):
             return None
         return parse_sacct(p.stdout)
 
-    def user_jobs(self) -> dict[str, JobInfo]:
+    def user_jobs(self, marked: str | None = None) -> dict[str, JobInfo]:
         p = self.shell.run(["squeue", "-h", "-r", "-t", "all", "--me", "-O", SQUEUE_FORMAT])
-        return parse_squeue(p.stdout) if p.returncode == 0 else {}
+        if p.returncode != 0:
+            return {}
+        out = p.stdout
+        if marked is not None:  # (the comment is the row's last field)
+            out = "\n".join(line for line in out.splitlines() if marked in line)
+        return parse_squeue(out)
 
     def user_accounting(self, since: str) -> dict[str, JobInfo]:
         fields = ",".join(SACCT_FIELDS)
