@@ -383,15 +383,16 @@ class Runner:
         scheduler = scheduler or get_default_scheduler_name()
         spec = arrays.make_spec(app, size, params, max_parallel)
         after = self._check_after(after, after_condition)
-        self._check_driven(arrays.first_element(app, spec), scheduler, cfg)
         sched = self._scheduler(scheduler)
         native = sched.native_array(app, sched.resolve_cfg(cfg))
+        # (a native array's submit checks its app before anything is queued)
+        self._check_driven(arrays.first_element(app, spec), scheduler, cfg, dryrun=not native)
         held = self._native_after(scheduler, after, after_condition, cfg) if native else None
         array_id = arrays.create_array(
             app, scheduler, self._name, {**(cfg or {}), **(held or {})}, spec, idempotency_key,
             after, after_condition, native=native, after_native=held is not None,
             submit_first=(
-                _first_native(sched, spec.size, bool(idempotency_key))
+                _first_native(sched, spec.size, bool(idempotency_key), app)
                 if native and (held or not after) else None
             ),
         )  # fmt: skip
@@ -422,7 +423,7 @@ class Runner:
         self._check_driven(app, scheduler, cfg)
         one = arrays.ArraySpec(1, None, 1)
         held = self._native_after(scheduler, after, condition, cfg)
-        first = _first_native(self._scheduler(scheduler), 1, bool(key)) if held else None
+        first = _first_native(self._scheduler(scheduler), 1, bool(key), app) if held else None
         app_id = arrays.create_array(
             app, scheduler, self._name, {**(cfg or {}), **(held or {})}, one, key, after,
             condition, single=True, native=held is not None, after_native=held is not None,
@@ -476,15 +477,19 @@ class Runner:
                 raise ValueError(f"after: no app {h} (unknown to its scheduler)")
         return builtins.list(after)
 
-    def _check_driven(self, app: AppDef, scheduler: str, cfg: Cfg | None) -> None:
-        """Checks what a driver process will submit, before anything starts."""
+    def _check_driven(
+        self, app: AppDef, scheduler: str, cfg: Cfg | None, dryrun: bool = True
+    ) -> None:
+        """Checks what a driver process will submit, before anything starts (``dryrun``: the
+        backend's own checks too)."""
         if not self._plain:
             raise ValueError(
                 "scheduler: an array's (or a waiting app's) driver makes its schedulers the"
                 " default way; this runner was given its own scheduler factories or parameters"
             )
-        sched = self._scheduler(scheduler)
-        sched.submit_dryrun(app, sched.resolve_cfg(cfg))  # (the backend's own checks)
+        if dryrun:
+            sched = self._scheduler(scheduler)
+            sched.submit_dryrun(app, sched.resolve_cfg(cfg))  # (the backend's own checks)
 
     def retry_failed(self, app_handle: AppHandle) -> builtins.list[int]:
         """Runs an array's failed elements again under the same handles (each element's
@@ -820,7 +825,7 @@ class Runner:
 
 
 def _first_native(
-    sched: Scheduler[Any], size: int, keyed: bool
+    sched: Scheduler[Any], size: int, keyed: bool, app: AppDef
 ) -> Callable[[arrays.ArrayDir], None]:
     """Makes an array's (or a held app's) first native submission, in the submitting process
     (``keyed``: the caller gave an idempotency key, see ``submit_native``)."""
@@ -828,7 +833,7 @@ def _first_native(
     def submit(adir: arrays.ArrayDir) -> None:
         from core.arrays.native import submit_native
 
-        submit_native(adir, sched, 1, builtins.list(range(size)), keyed)
+        submit_native(adir, sched, 1, builtins.list(range(size)), keyed, app)
 
     return submit
 

@@ -125,7 +125,7 @@ def create_array(
 
     adir = ArrayDir(backend, session, _array_id(app, key))
     created = adir.create()
-    if created:
+    if created and submit_first is None:
         _prune(backend, session)
     if not adir.exists():  # (a first submit that died before recording it is completed here)
         adir.write_request(
@@ -152,10 +152,18 @@ def create_array(
             raise
         # the backend queued every element: the driver only records their states, so it is
         # started beside the return (a status read starts one if this process dies first)
-        threading.Thread(target=ensure_driver, args=(adir,), name="shipyard-array-start").start()
+        threading.Thread(
+            target=_start_beside, args=(adir, created), name="shipyard-array-start"
+        ).start()
     else:
         ensure_driver(adir)
     return adir.array_id
+
+
+def _start_beside(adir: ArrayDir, created: bool) -> None:
+    ensure_driver(adir)
+    if created:
+        _prune(adir.backend, adir.session)
 
 
 def _prune(backend: str, session: str) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.arrays.spec import ArraySpec, array_template
 from core.arrays.store import ArrayDir
-from core.specs import AppState, ElementStatus, make_app_handle
+from core.specs import AppDef, AppState, ElementStatus, make_app_handle
 
 if TYPE_CHECKING:
     from core.schedulers.api import Scheduler
@@ -38,14 +38,20 @@ def native_key(array_id: str, n: int) -> str:
 
 
 def submit_native(
-    adir: ArrayDir, sched: Scheduler[Any], n: int, indices: list[int], keyed: bool = True
+    adir: ArrayDir,
+    sched: Scheduler[Any],
+    n: int,
+    indices: list[int],
+    keyed: bool = True,
+    app: AppDef | None = None,
 ) -> dict[str, Any]:
     """Submits elements ``indices`` as the array's ``n``-th native array and records it
     (``native-<n>.json``); returns the record (``array``: its app id; ``elements``: pairs of
     index and element app id). ``keyed``: with the submission's idempotency key, so that
     whoever makes it again gets the same (a driver's submissions, and a keyed array's first;
     an array without a key has its first made once, by its submitter, before any driver runs:
-    its handle was never returned if the submitter died before recording it).
+    its handle was never returned if the submitter died before recording it). ``app``: the
+    array's app, if the caller has it (else read from the array's request).
 
     Raises:
         ValueError: the backend refused the array (the message names why).
@@ -53,7 +59,7 @@ def submit_native(
     from core.appfile import app_from_dict
 
     request = adir.request() or {}
-    app = app_from_dict(request["app"])
+    app = app or app_from_dict(request["app"])
     key = native_key(adir.array_id, n) if keyed else None
     if request.get("single"):  # (an app held by the backend until its dependencies end)
         array = sched.schedule(sched.submit_dryrun(app, request["cfg"], key))
