@@ -70,6 +70,8 @@ def _component(rep: SlurmReplicaRequest, workdir: str, env: Mapping[str, str]) -
             minutes = time_minutes(value)
             if minutes is not None:
                 props["time_limit"] = minutes
+        elif opt == "signal" and value is not None:
+            props["signal"] = value
         elif opt == "requeue":
             props["requeue"] = True
         elif opt == "kill-on-invalid-dep":

@@ -4,6 +4,7 @@ on a named cluster reached over SSH or slurmrestd (see :mod:`core.clusters`)."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import posixpath
 import re
@@ -13,6 +14,7 @@ from datetime import datetime
 from typing import Any, TypedDict
 
 from core.clusters import ClusterConfig, ClusterError, get_cluster
+from core.limits import TIME_LIMIT_OPT, add_limit_opts, limits_from_cfg
 from core.reports import (
     RESULT_REPLICAS_HELP,
     RESULT_REPLICAS_OPT,
@@ -99,6 +101,9 @@ SlurmOpts = TypedDict(
         "cluster": str | None,
         "dependency": str | None,
         "result_replicas": str,
+        "time_limit": str | None,
+        "checkpoint_signal": str | None,
+        "checkpoint_grace": float | None,
     },
     total=False,
 )
@@ -139,6 +144,7 @@ def run_opts() -> runopts:
         " sets it for jobs of the same cluster",
     )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
+    add_limit_opts(opts)
     return opts
 
 
@@ -232,6 +238,9 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
 
     def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:
         _validate_options(cfg)
+        if cfg.get("time") and cfg.get(TIME_LIMIT_OPT):
+            raise ValueError(f"cfg.{TIME_LIMIT_OPT}, cfg.time: expected one of them, got both")
+        limits_from_cfg(cfg)
         result_replicas(cfg.get(RESULT_REPLICAS_OPT))
         for i, role in enumerate(app.roles):
             if role.max_retries > 0 and role.retry_policy != RetryPolicy.APPLICATION:
@@ -314,6 +323,9 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         job_dir = self._job_dir(cfg)
         nomem = self._nomem(app, cfg)
         job_cfg = dict(cfg)
+        limits = limits_from_cfg(cfg)
+        if limits.time_limit is not None:  # (Slurm keeps limits in whole minutes)
+            job_cfg["time"] = str(math.ceil(limits.time_limit / 60))
         img_root = job_dir or self.default_dir(cluster) or os.getcwd()
         replicas: dict[str, SlurmReplicaRequest] = {}
         for role in app.roles:
@@ -322,8 +334,11 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 replica_role = _replica_role(role, replica_id, img_root)
                 replicas[name] = SlurmReplicaRequest.from_role(name, replica_role, job_cfg, nomem)
         max_retries = max(role.max_retries for role in app.roles)
+        first = next(iter(replicas.values()))
         if max_retries > 0:
-            next(iter(replicas.values())).sbatch_opts["requeue"] = None
+            first.sbatch_opts["requeue"] = None
+        if limits.signal is not None:  # to the batch shell, which passes it to every replica
+            first.sbatch_opts["signal"] = f"B:{limits.signal}@{math.ceil(limits.grace)}"
         req = SlurmBatchRequest(
             cmd=["sbatch", "--parsable"],
             replicas=replicas,
@@ -332,6 +347,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             app_name=app.name,
             cluster=cluster,
             result_replicas=result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
+            checkpoint_signal=limits.signal,
         )
         req.order_components()
         return AppDryRunInfo(req, lambda r: r.materialize())

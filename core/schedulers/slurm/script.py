@@ -242,6 +242,9 @@ class SlurmBatchRequest:
     key: str | None = None
     #: whose results are collected: ``first`` (replica 0 of each role) or ``all``
     result_replicas: str = "first"
+    #: the signal (``USR1``) that ``--signal=B:...`` sends the batch shell before the time
+    #: limit: the script passes it on to every replica (through ``srun``)
+    checkpoint_signal: str | None = None
     #: a native array (``sbatch --array``): its tasks, e.g. ``0-999%4`` (one component only)
     array: str | None = None
     #: a native array's per-task values: ``array_values[n][i]`` is what
@@ -320,7 +323,9 @@ class SlurmBatchRequest:
                 lines.append("  : \\")
             tail = " \\" if i < len(reps) - 1 else ""
             lines.append("    " + " ".join(rep.srun_group(i, private, app_expr)) + tail)
-        lines += ["exitcode=$?", ""]
+        if self.checkpoint_signal is not None:
+            lines[-1] += " &"
+        lines += self._srun_end()
         if self.max_retries > 0:
             lines += [
                 f"# max_retries={self.max_retries}: a failed attempt requeues the whole job",
@@ -333,6 +338,27 @@ class SlurmBatchRequest:
             ]
         lines += ['exit "$exitcode"', ""]
         return "\n".join(lines)
+
+    def _srun_end(self) -> list[str]:
+        """The lines after the ``srun`` command: its exit code; with a checkpoint signal,
+        ``srun`` runs in the background so that the batch shell can take the signal and pass
+        it on (``srun`` forwards it to every task) while it waits."""
+        if self.checkpoint_signal is None:
+            return ["exitcode=$?", ""]
+        sig = self.checkpoint_signal
+        return [
+            "srun_pid=$!",
+            f"# the checkpoint signal (sbatch --signal=B:{sig}@...) reaches this shell only",
+            f'trap \'echo "shipyard: checkpoint signal {sig}" >&2; kill -{sig} "$srun_pid"\' {sig}',
+            'wait "$srun_pid"; exitcode=$?',
+            "# past 128: the trap cut the wait short (wait again), or srun's own signal (127 next)",
+            'while [ "$exitcode" -gt 128 ]; do',
+            '    wait "$srun_pid"; next=$?',
+            '    [ "$next" -eq 127 ] && break',
+            "    exitcode=$next",
+            "done",
+            "",
+        ]
 
     def _array_values(self) -> list[str]:
         """The lines that set this task's values of a native array (``SHIPYARD_VALUE_n``)."""

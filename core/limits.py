@@ -1,0 +1,168 @@
+"""Time limits and the checkpoint signal: the run options every backend takes (``time_limit``,
+``checkpoint_signal``, ``checkpoint_grace``), their one duration syntax, and their checks.
+
+A replica still running at its app's ``time_limit`` is ended as a cancel ends it (SIGTERM, then
+SIGKILL after the backend's grace) and the app ends with reason ``timeout``; with a
+``checkpoint_signal``, every replica gets that signal ``checkpoint_grace`` seconds before the
+limit, to save what it has.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from core.errors import ShipyardError
+from core.options import runopts
+from core.specs import CfgVal
+
+__all__ = [
+    "CHECKPOINT_GRACE_OPT",
+    "CHECKPOINT_SIGNAL_OPT",
+    "TIME_LIMIT_OPT",
+    "Limits",
+    "LimitsError",
+    "add_limit_opts",
+    "limits_from_cfg",
+    "parse_duration",
+]
+
+TIME_LIMIT_OPT = "time_limit"
+CHECKPOINT_SIGNAL_OPT = "checkpoint_signal"
+CHECKPOINT_GRACE_OPT = "checkpoint_grace"
+DEFAULT_GRACE = 60.0
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_UNIT_RE = re.compile(r"(?:(\d+(?:\.\d+)?)([smhd]))+")
+_PART_RE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_CLOCK_RE = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
+_DAYS_RE = re.compile(r"(\d+)-(\d+)")
+
+
+class LimitsError(ShipyardError, ValueError):
+    """A time limit option is invalid (the message names it)."""
+
+
+def parse_duration(value: str | float, where: str) -> float:
+    """Seconds of a duration: ``90`` or ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, or Slurm's
+    clock forms ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``.
+
+    Raises:
+        LimitsError: naming ``where``, for anything else or a duration that is not positive.
+    """
+    seconds = _seconds(value)
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise LimitsError(
+            f"{where}: expected a positive duration such as 90s, 30m, 2h, 1h30m, 01:30:00 or"
+            f" 1-00:00:00, got {value!r}"
+        )
+    return seconds
+
+
+def _seconds(value: str | float) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    if _UNIT_RE.fullmatch(text):
+        return sum(float(n) * _UNITS[u] for n, u in _PART_RE.findall(text))
+    m = _CLOCK_RE.fullmatch(text)
+    if m:
+        days, hours, minutes, secs = (int(g or 0) for g in m.groups())
+        if m.group(2) is None:  # MM:SS (or D-MM:SS, which Slurm reads as D-HH:MM)
+            hours, minutes, secs = (minutes, secs, 0) if days else (0, minutes, secs)
+        return float(days * 86400 + hours * 3600 + minutes * 60 + secs)
+    m = _DAYS_RE.fullmatch(text)
+    if m:
+        return float(int(m.group(1)) * 86400 + int(m.group(2)) * 3600)
+    return None
+
+
+def _signal_name(value: CfgVal) -> str:
+    name = str(value).strip().upper()
+    name = name[3:] if name.startswith("SIG") else name
+    if name in ("KILL", "STOP") or not hasattr(signal.Signals, f"SIG{name}"):
+        raise LimitsError(
+            f"{CHECKPOINT_SIGNAL_OPT}: expected a signal a program can catch, such as USR1, USR2,"
+            f" TERM or INT, got {value!r}"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Limits:
+    """An app's time limit (seconds; None: none) and its checkpoint signal (a name without
+    ``SIG``; None: none), sent ``grace`` seconds before the limit."""
+
+    time_limit: float | None = None
+    signal: str | None = None
+    grace: float = DEFAULT_GRACE
+
+    @property
+    def signal_at(self) -> float | None:
+        """Seconds after the start at which the checkpoint signal is sent (None: never)."""
+        if self.time_limit is None or self.signal is None:
+            return None
+        return self.time_limit - self.grace
+
+
+def limits_from_cfg(cfg: Mapping[str, CfgVal]) -> Limits:
+    """The limits ``cfg`` asks for, checked together.
+
+    Raises:
+        LimitsError: naming the option (an unreadable duration, an unknown signal, a grace
+            that is not shorter than the limit, a signal without a limit).
+    """
+    raw_limit = cfg.get(TIME_LIMIT_OPT)
+    limit = None if raw_limit in (None, "") else parse_duration(str(raw_limit), TIME_LIMIT_OPT)
+    raw_signal = cfg.get(CHECKPOINT_SIGNAL_OPT)
+    sig = None if raw_signal in (None, "") else _signal_name(raw_signal)
+    raw_grace = cfg.get(CHECKPOINT_GRACE_OPT)
+    grace = DEFAULT_GRACE if raw_grace is None else _grace(raw_grace)
+    if sig is not None and limit is None:
+        raise LimitsError(f"{CHECKPOINT_SIGNAL_OPT}: needs a {TIME_LIMIT_OPT} to be sent before")
+    if sig is not None and limit is not None and grace >= limit:
+        raise LimitsError(
+            f"{CHECKPOINT_GRACE_OPT}: expected fewer seconds than {TIME_LIMIT_OPT}"
+            f" ({limit:g}), got {grace:g}"
+        )
+    return Limits(limit, sig, grace)
+
+
+def _grace(value: CfgVal) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise LimitsError(f"{CHECKPOINT_GRACE_OPT}: expected seconds, got {value!r}")
+    seconds = _seconds(value)
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        raise LimitsError(
+            f"{CHECKPOINT_GRACE_OPT}: expected a number of seconds >= 0, got {value!r}"
+        )
+    return seconds
+
+
+def add_limit_opts(opts: runopts) -> None:
+    """Adds ``time_limit``, ``checkpoint_signal`` and ``checkpoint_grace`` to a backend's
+    run options."""
+    opts.add(
+        TIME_LIMIT_OPT,
+        type_=str,
+        help="the app's time limit (90s, 30m, 2h, 1h30m, 01:30:00, 1-00:00:00): past it every"
+        " replica is ended as by a cancel and the app ends with reason timeout",
+    )
+    opts.add(
+        CHECKPOINT_SIGNAL_OPT,
+        type_=str,
+        help="a signal (USR1, USR2, ...) every replica gets checkpoint_grace seconds before"
+        " time_limit, to save its work",
+    )
+    opts.add(
+        CHECKPOINT_GRACE_OPT,
+        type_=float,
+        help=f"seconds before time_limit that checkpoint_signal is sent (default {DEFAULT_GRACE:g})",
+    )
