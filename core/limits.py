@@ -124,7 +124,10 @@ def limits_from_cfg(cfg: Mapping[str, CfgVal]) -> Limits:
     raw_signal = cfg.get(CHECKPOINT_SIGNAL_OPT)
     sig = None if raw_signal in (None, "") else _signal_name(raw_signal)
     raw_grace = cfg.get(CHECKPOINT_GRACE_OPT)
-    grace = DEFAULT_GRACE if raw_grace is None else _grace(raw_grace)
+    if raw_grace is not None:
+        grace = _grace(raw_grace)
+    else:  # (60 s, or half a limit shorter than two minutes)
+        grace = DEFAULT_GRACE if limit is None else min(DEFAULT_GRACE, limit / 2)
     if sig is not None and limit is None:
         raise LimitsError(f"{CHECKPOINT_SIGNAL_OPT}: needs a {TIME_LIMIT_OPT} to be sent before")
     if sig is not None and limit is not None and grace >= limit:
@@ -164,5 +167,6 @@ def add_limit_opts(opts: runopts) -> None:
     opts.add(
         CHECKPOINT_GRACE_OPT,
         type_=float,
-        help=f"seconds before time_limit that checkpoint_signal is sent (default {DEFAULT_GRACE:g})",
+        help=f"seconds before time_limit that checkpoint_signal is sent (default {DEFAULT_GRACE:g},"
+        " or half of a shorter time_limit's)",
     )

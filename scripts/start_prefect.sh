@@ -55,15 +55,39 @@ prefect_alive() { # prefect_alive NAME: run/NAME.pid names a live process of tha
     pid_alive "$RUN/$1.pid" "$(pattern "$1")"
 }
 
+# Prefect 3.7's worker turns SIGTERM into a SIGINT to itself, which an idle worker sometimes
+# never acts on (its event loop stays in select): after 20 s it gets SIGKILL (its flow runs are
+# found again by the next worker)
+stop_worker() {
+    local pid
+    pid=$(cat "$RUN/worker.pid")
+    kill -TERM "$pid"
+    deadline=$((SECONDS + 20))
+    while prefect_alive worker && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
+    if prefect_alive worker; then
+        log "the worker (pid $pid) did not stop on SIGTERM: SIGKILL"
+        kill -KILL "$pid"
+        deadline=$((SECONDS + 10))
+        while prefect_alive worker; do
+            [ "$SECONDS" -lt "$deadline" ] || die "the worker (pid $pid) does not stop"
+            sleep 0.2
+        done
+    fi
+}
+
 if [ "${1:-}" = "--stop" ]; then
-    for name in worker relay server; do
+    if prefect_alive worker; then
+        log "stopping worker (pid $(cat "$RUN/worker.pid"))"
+        stop_worker
+    fi
+    for name in relay server; do
         if prefect_alive "$name"; then
             log "stopping $name (pid $(cat "$RUN/$name.pid"))"
             kill -TERM "$(cat "$RUN/$name.pid")"
         fi
     done
     deadline=$((SECONDS + 60))
-    for name in worker relay server; do
+    for name in relay server; do
         while prefect_alive "$name"; do
             [ "$SECONDS" -lt "$deadline" ] || die "$name (pid $(cat "$RUN/$name.pid")) does not stop"
             sleep 0.2
@@ -164,12 +188,7 @@ fi
 code=$(cat "$REPO"/prefect_tasks/*.py "$REPO"/core/runner.py | cksum | cut -d' ' -f1)
 if prefect_alive worker && [ "$(cat "$RUN/worker.code" 2>/dev/null)" != "$code" ]; then
     log "restarting the worker (prefect_tasks changed)"
-    kill -TERM "$(cat "$RUN/worker.pid")"
-    deadline=$((SECONDS + 60))
-    while prefect_alive worker; do
-        [ "$SECONDS" -lt "$deadline" ] || die "the worker (pid $(cat "$RUN/worker.pid")) does not stop"
-        sleep 0.2
-    done
+    stop_worker
 fi
 if ! prefect_alive worker; then
     echo "$code" >"$RUN/worker.code"

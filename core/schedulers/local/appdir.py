@@ -102,6 +102,10 @@ class AppDir:
     EXITS = "exits"
     CANCELLED = "cancelled"
     GANG = "gang"
+    #: the app reached its time limit (its replicas were ended), and was sent its checkpoint
+    #: signal before (see :mod:`core.limits`)
+    TIMEOUT = "timeout"
+    CHECKPOINT = "checkpoint"
     DONE = "done"
     LOGS_DONE = "logs_done"
     LOCK = "collector.lock"

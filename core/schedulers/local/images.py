@@ -9,6 +9,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
+from core.limits import Limits
 from core.schedulers.local.options import LocalOpts
 from core.specs import Role
 
@@ -56,6 +57,8 @@ class PopenRequest:
     session_name: str = ""
     #: whose results are collected: ``first`` (replica 0 of each role) or ``all``
     result_replicas: str = "first"
+    #: the app's time limit and checkpoint signal (see :mod:`core.limits`)
+    limits: Limits = field(default_factory=Limits)
 
     def __str__(self) -> str:
         lines = [f"app_id: {self.app_id}", f"log_dir: {self.log_dir}"]

@@ -7,6 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
+from core.limits import (
+    CHECKPOINT_GRACE_OPT,
+    CHECKPOINT_SIGNAL_OPT,
+    TIME_LIMIT_OPT,
+    add_limit_opts,
+    limits_from_cfg,
+)
 from core.reports import RESULT_REPLICAS_HELP, RESULT_REPLICAS_OPT, result_replicas
 from core.specs import CfgVal, runopts
 
@@ -23,6 +30,9 @@ class LocalOpts(TypedDict, total=False):
     prepend_cwd: bool
     auto_set_cuda_visible_devices: bool
     result_replicas: str
+    time_limit: str | None
+    checkpoint_signal: str | None
+    checkpoint_grace: float | None
 
 
 def run_opts() -> runopts:
@@ -45,6 +55,7 @@ def run_opts() -> runopts:
         " (with a warning) if the host has fewer GPUs than the replicas ask for in all.",
     )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
+    add_limit_opts(opts)
     return opts
 
 
@@ -63,4 +74,14 @@ def local_opts(cfg: Mapping[str, CfgVal]) -> LocalOpts:
         prepend_cwd=bool(cfg.get("prepend_cwd")),
         auto_set_cuda_visible_devices=bool(cfg.get("auto_set_cuda_visible_devices")),
         result_replicas=result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
+        **_limit_opts(cfg),
     )
+
+
+def _limit_opts(cfg: Mapping[str, CfgVal]) -> LocalOpts:
+    limits_from_cfg(cfg)  # (checked together: raises naming the option)
+    out: LocalOpts = {}
+    for key in (TIME_LIMIT_OPT, CHECKPOINT_SIGNAL_OPT, CHECKPOINT_GRACE_OPT):
+        if cfg.get(key) is not None:
+            out[key] = cfg[key]  # type: ignore[literal-required]
+    return out

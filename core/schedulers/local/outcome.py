@@ -183,6 +183,7 @@ def response(app_id: str, record: AppRecord, st: FinalState) -> DescribeAppRespo
                 structured_error_msg=NONE
                 if code in (None, 0)
                 else f"{rep.role}/{rep.replica_id} {describe_code(code)}",
+                reason=st.reason or None if code not in (None, 0) else None,
             )
         )
     roles = [
@@ -194,6 +195,7 @@ def response(app_id: str, record: AppRecord, st: FinalState) -> DescribeAppRespo
         app_id=app_id,
         state=AppState[st.state],
         num_restarts=0,
+        reason=st.reason or None,
         msg=st.msg or NONE,
         roles_statuses=list(statuses.values()),
         roles=roles,

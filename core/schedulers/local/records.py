@@ -70,6 +70,11 @@ class AppRecord:
     host: str = "localhost"
     #: whose results are collected: ``first`` (replica 0 of each role) or ``all``
     results: str = "first"
+    #: seconds after ``submit_time`` at which every replica is ended (None: no limit), and the
+    #: signal each gets ``checkpoint_grace`` seconds before (see :mod:`core.limits`)
+    time_limit: float | None = None
+    checkpoint_signal: str | None = None
+    checkpoint_grace: float = 60.0
 
     def to_json(self) -> str:
         data = {**vars(self), "roles": [vars(r) for r in self.roles],
@@ -109,6 +114,8 @@ class FinalState:
     states: list[str]
     msg: str = ""
     time: float = 0.0
+    #: why the app ended when its state does not say it (``timeout``)
+    reason: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from core.limits import limits_from_cfg
 from core.reports import RESULT_FILE_ENV, Problem, ReplicaResult
 from core.schedulers.api import (
     DescribeAppResponse,
@@ -194,6 +195,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             backend=self.backend,
             session_name=self.session_name,
             result_replicas=opts.get("result_replicas", "first"),
+            limits=limits_from_cfg(cfg),
         )
         return AppDryRunInfo(request, str)
 
@@ -317,6 +319,9 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 key=key,
                 host=HOSTNAME,
                 results=request.result_replicas,
+                time_limit=request.limits.time_limit,
+                checkpoint_signal=request.limits.signal,
+                checkpoint_grace=request.limits.grace,
             )
             try:
                 if not app.write_record(record):

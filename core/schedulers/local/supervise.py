@@ -29,6 +29,7 @@ class Observation:
     running: list[int] = field(default_factory=list)
     cancelled: bool = False
     gang: bool = False
+    timeout: bool = False
     done: FinalState | None = None
     names: set[str] = field(default_factory=set)
 
@@ -60,6 +61,7 @@ def observe(
             return obs
     obs.cancelled = AppDir.CANCELLED in names
     obs.gang = AppDir.GANG in names
+    obs.timeout = AppDir.TIMEOUT in names
     idents = identities(record)
     recorded = app.exits()
     unknown = [g for g in range(len(record.replicas)) if g not in recorded]
@@ -72,6 +74,7 @@ def observe(
         obs.names = app.names() or names
         obs.cancelled = AppDir.CANCELLED in obs.names
         obs.gang = AppDir.GANG in obs.names
+        obs.timeout = AppDir.TIMEOUT in obs.names
     for g in range(len(record.replicas)):
         if g in running and g not in recorded:
             obs.running.append(g)
@@ -99,6 +102,8 @@ def settle(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> Fi
 
 def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> None:
     idents = identities(record)
+    if _limit(app, record, obs, idents):
+        return
     if not obs.cancelled and not obs.gang and obs.failed:
         g = obs.failed[0]
         rep = record.replicas[g]
@@ -108,13 +113,37 @@ def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> 
             for i in obs.running:
                 idents[i].signal_group(signal.SIGTERM)
         return
-    for marker, active in ((AppDir.CANCELLED, obs.cancelled), (AppDir.GANG, obs.gang)):
+    ends = (AppDir.CANCELLED, obs.cancelled), (AppDir.GANG, obs.gang), (AppDir.TIMEOUT, obs.timeout)
+    for marker, active in ends:
         if active and app.age(marker) > grace:
             running = {g: idents[g] for g in obs.running}
             killed = terminate(record.app_id, running, grace=0.0, scan=False)
             for g, sig in killed.items():
                 app.record_exit(g, -sig)
             return
+
+
+def _limit(app: AppDir, record: AppRecord, obs: Observation, idents: dict[int, Identity]) -> bool:
+    """The time limit: the checkpoint signal ``checkpoint_grace`` seconds before it, then, at
+    it, SIGTERM to every running replica (as a cancel; SIGKILL follows after the grace).
+    The first observer to mark each step acts. True if the limit was reached just now."""
+    limit = record.time_limit
+    if limit is None or obs.cancelled or obs.timeout:
+        return False
+    elapsed = time.time() - record.submit_time
+    sig = record.checkpoint_signal
+    if sig is not None and elapsed >= limit - record.checkpoint_grace:
+        if app.mark(AppDir.CHECKPOINT, json.dumps({"signal": sig, "time": time.time()})):
+            for g in obs.running:
+                idents[g].signal_group(signal.Signals[f"SIG{sig}"])
+    if elapsed < limit:
+        return False
+    info = {"time_limit": limit, "time": time.time(), "terminated": obs.running}
+    if app.mark(AppDir.TIMEOUT, json.dumps(info)):
+        obs.timeout = True
+        for g in obs.running:
+            idents[g].signal_group(signal.SIGTERM)
+    return True
 
 
 def _gang(app: AppDir, obs: Observation) -> tuple[int | None, set[int]]:
@@ -148,6 +177,13 @@ def replica_states(app: AppDir, obs: Observation) -> list[str]:
     return out
 
 
+def _timed_out(app: AppDir, record: AppRecord, obs: Observation) -> FinalState:
+    states = ["SUCCEEDED" if c == 0 else "FAILED" for c in obs.codes]
+    ended = sum(1 for c in obs.codes if c != 0)
+    msg = f"time limit of {record.time_limit:g}s reached: {ended} replica(s) ended by it"
+    return FinalState("FAILED", obs.codes, states, msg, time.time(), reason="timeout")
+
+
 def describe_code(code: ExitCode) -> str:
     if code == LOST:
         return "ended without recording an exit code (its wrapper was killed)"
@@ -166,6 +202,8 @@ def final_state(app: AppDir, record: AppRecord, obs: Observation) -> FinalState:
     failed = obs.failed
     if obs.cancelled:
         return FinalState("CANCELLED", obs.codes, states, "cancelled", time.time())
+    if obs.timeout:
+        return _timed_out(app, record, obs)
     if not failed:
         return FinalState("SUCCEEDED", obs.codes, states, "", time.time())
     first, terminated = _gang(app, obs)

@@ -9,6 +9,10 @@
 trap 'c=129' HUP
 trap 'c=130' INT
 trap 'c=143' TERM
+# A checkpoint signal (checkpoint_signal) goes to the replica's whole process group, this shell
+# included, which must live on: it catches them (a caught signal is the default again in the
+# command, which may catch it itself; an ignored one would stay ignored there).
+trap ':' USR1 USR2 ALRM XCPU
 d=$1 g=$2 out=$3 err=$4 cwd=$5
 shift 5
 # The start gate, fd 3: the submitter writes one line per replica once the app is recorded,

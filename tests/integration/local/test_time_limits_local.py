@@ -1,0 +1,73 @@
+"""Time limits and the checkpoint signal on local processes (``time_limit``,
+``checkpoint_signal``, ``checkpoint_grace``): enforced by whoever watches the app (its log
+collector, a process of its own), as a cancel is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.runner import Runner
+from core.specs import AppDef, AppState, Role
+from tests.integration import arrays
+
+
+def _stamp(path: Path) -> str:
+    return f"date +%s.%N > {path}"
+
+
+def test_a_replica_gets_the_signal_grace_seconds_before_the_limit_then_ends(
+    runner: Runner, tmp_path: Path
+) -> None:
+    ckpt, term = tmp_path / "ckpt", tmp_path / "term"
+    script = (
+        f"trap '{_stamp(ckpt)}' USR1; trap '{_stamp(term)}; exit 143' TERM;"
+        " while :; do sleep 0.05; done"
+    )
+    app = AppDef("limited", [Role("w", entrypoint="sh", args=["-c", script], num_replicas=2)])
+    cfg = {"time_limit": "4s", "checkpoint_signal": "USR1", "checkpoint_grace": 2}
+    handle = runner.run(app, "local_cwd", cfg)
+    status = arrays.final(runner, handle, timeout=60)
+    assert status.state == AppState.FAILED and status.reason == "timeout", status
+    assert "time limit of 4s reached" in status.msg
+    replicas = [r for rs in status.roles for r in rs.replicas]
+    assert [r.reason for r in replicas] == ["timeout", "timeout"]
+    assert all(r.exit_code in (143, -15) for r in replicas), replicas  # (its trap's exit)
+    # the checkpoint signal came first, about the grace before the limit
+    gap = float(term.read_text()) - float(ckpt.read_text())
+    assert 1.0 < gap < 3.0, gap
+
+
+def test_without_a_checkpoint_signal_the_limit_ends_a_replica_ignoring_sigterm(
+    runner: Runner, tmp_path: Path
+) -> None:
+    app = AppDef("stubborn", [Role("w", entrypoint="sh", args=["-c", "trap '' TERM; sleep 300"])])
+    handle = runner.run(app, "local_cwd", {"time_limit": "1s"})
+    status = arrays.final(runner, handle, timeout=60)
+    assert status.state == AppState.FAILED and status.reason == "timeout", status
+    # (the shell ignored SIGTERM: SIGKILL after the grace)
+    assert [r.exit_code for rs in status.roles for r in rs.replicas] == [-9]
+
+
+def test_an_app_that_ends_in_time_is_not_touched(runner: Runner) -> None:
+    app = AppDef("quick", [Role("w", entrypoint="true")])
+    handle = runner.run(app, "local_cwd", {"time_limit": "1m", "checkpoint_signal": "USR1"})
+    status = arrays.final(runner, handle, timeout=60)
+    assert status.state == AppState.SUCCEEDED and status.reason == "exit_code"
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"time_limit": "forever"}, "time_limit: expected a positive duration"),
+        ({"time_limit": "1m", "checkpoint_signal": "NOPE"}, "checkpoint_signal: expected a"),
+        ({"checkpoint_signal": "USR1"}, "checkpoint_signal: needs a time_limit"),
+    ],
+)
+def test_bad_limits_are_refused_before_anything_starts(
+    runner: Runner, cfg: dict[str, object], message: str
+) -> None:
+    app = AppDef("bad", [Role("w", entrypoint="true")])
+    with pytest.raises(ValueError, match=message):
+        runner.run(app, "local_cwd", cfg)
