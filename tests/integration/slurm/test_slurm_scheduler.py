@@ -294,7 +294,11 @@ def test_run_opts_and_states() -> None:
         "mail-type",
         "job_dir",
         "cluster",
+        "dependency",  # issue 26: what Runner.run(after=...) sets
         "result_replicas",  # issue 19: whose results Runner.result reads
+        "time_limit",  # issue 27: the time limit every backend takes
+        "checkpoint_signal",
+        "checkpoint_grace",
     ]
     assert SLURM_STATES["COMPLETED"] == AppState.SUCCEEDED
     assert SLURM_STATES["OUT_OF_MEMORY"] == AppState.FAILED

@@ -33,7 +33,10 @@ def test_a_typed_cfg_reaches_the_scheduler(tmp_path: Path) -> None:
     app = AppDef("typed", [Role("r", entrypoint="true")])
     with get_runner("t") as runner:
         info = runner.dryrun(app, "local_cwd", cfg)
-    assert info.cfg == {**cfg, "auto_set_cuda_visible_devices": False, "result_replicas": "first"}
+    limits = {"time_limit": None, "checkpoint_signal": None, "checkpoint_grace": None}
+    assert info.cfg == {
+        **cfg, "auto_set_cuda_visible_devices": False, "result_replicas": "first", **limits
+    }  # fmt: skip
     assert info.request.log_dir == str(tmp_path / info.request.app_id)
 
 
