@@ -1,0 +1,48 @@
+"""Time limits and the checkpoint signal on the real Slurm cluster: ``time_limit`` is
+``--time`` (whole minutes), ``checkpoint_signal`` is ``--signal=B:SIG@grace``, passed on by the
+batch shell to the replica through ``srun``; the job ends with reason ``timeout``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.specs import AppDef, AppState, Role
+from tests.integration.slurm.slurm_clusters import Cluster, make_cluster
+
+
+@pytest.fixture(params=["local", "ssh"])
+def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cluster]:
+    yield from make_cluster(request.param, tmp_path, monkeypatch)
+
+
+def test_a_job_over_its_limit_gets_the_signal_then_ends_timeout(cluster: Cluster) -> None:
+    record = cluster.scratch / "signals"
+    script = f"trap 'echo USR1 >> {record}' USR1; while :; do sleep 1; done"
+    app = AppDef("limited", [Role("w", entrypoint="sh", args=["-c", script])])
+    cfg = {"time_limit": "1m", "checkpoint_signal": "USR1", "checkpoint_grace": 40}
+    app_id = cluster.submit(app, cfg)
+    # (Slurm checks limits on its own period: the job ends a little after its minute)
+    desc = cluster.wait_done(app_id, timeout=240)
+    assert desc.state == AppState.FAILED and desc.reason == "timeout", desc
+    assert desc.roles_statuses[0].replicas[0].reason == "timeout"
+    assert record.read_text().split() == ["USR1"]  # the replica got it, once, before the end
+
+
+def test_a_job_in_time_is_left_alone(cluster: Cluster) -> None:
+    app = AppDef("quick", [Role("w", entrypoint="sh", args=["-c", "exit 0"])])
+    app_id = cluster.submit(app, {"time_limit": "5m", "checkpoint_signal": "USR1"})
+    assert cluster.wait_done(app_id).state == AppState.SUCCEEDED
+
+
+def test_the_checkpoint_signal_is_refused_over_slurmrestd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for c in make_cluster("rest", tmp_path, monkeypatch):
+        app = AppDef("quick", [Role("w", entrypoint="true")])
+        with pytest.raises(ValueError, match="checkpoint_signal: not over slurmrestd yet"):
+            c.submit(app, {"time_limit": "5m", "checkpoint_signal": "USR1"})
