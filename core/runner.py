@@ -19,12 +19,13 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from core import arrays
+from core.arrays.native import first_submission, native_after
 from core.errors import ShipyardError
 from core.reasons import fill_reasons
 from core.reports import AppResult, Problem, problem_from_error
@@ -38,9 +39,6 @@ from core.specs import (
     AppState,
     AppStatus,
     Cfg,
-    CfgVal,
-    Reason,
-    is_terminal,
     make_app_handle,
     parse_app_handle,
     runopts,
@@ -382,17 +380,17 @@ class Runner:
         """
         scheduler = scheduler or get_default_scheduler_name()
         spec = arrays.make_spec(app, size, params, max_parallel)
-        after = self._check_after(after, after_condition)
+        after = arrays.check_after(self, after, after_condition)
         sched = self._scheduler(scheduler)
         native = sched.native_array(app, sched.resolve_cfg(cfg))
         # (a native array's submit checks its app before anything is queued)
         self._check_driven(arrays.first_element(app, spec), scheduler, cfg, dryrun=not native)
-        held = self._native_after(scheduler, after, after_condition, cfg) if native else None
+        held = native_after(self, scheduler, after, after_condition, cfg) if native else None
         array_id = arrays.create_array(
             app, scheduler, self._name, {**(cfg or {}), **(held or {})}, spec, idempotency_key,
             after, after_condition, native=native, after_native=held is not None,
             submit_first=(
-                _first_native(sched, spec.size, bool(idempotency_key), app)
+                first_submission(sched, spec.size, bool(idempotency_key), app)
                 if native and (held or not after) else None
             ),
         )  # fmt: skip
@@ -419,11 +417,11 @@ class Runner:
         condition: str,
         key: str | None,
     ) -> AppHandle:
-        after = self._check_after(after, condition)
+        after = arrays.check_after(self, after, condition)
         self._check_driven(app, scheduler, cfg)
         one = arrays.ArraySpec(1, None, 1)
-        held = self._native_after(scheduler, after, condition, cfg)
-        first = _first_native(self._scheduler(scheduler), 1, bool(key), app) if held else None
+        held = native_after(self, scheduler, after, condition, cfg)
+        first = first_submission(self._scheduler(scheduler), 1, bool(key), app) if held else None
         app_id = arrays.create_array(
             app, scheduler, self._name, {**(cfg or {}), **(held or {})}, one, key, after,
             condition, single=True, native=held is not None, after_native=held is not None,
@@ -432,50 +430,6 @@ class Runner:
         handle = make_app_handle(scheduler, self._name, app_id)
         log.info("queued %s after %s (%s)", handle, ", ".join(after), condition)
         return handle
-
-    def _native_after(
-        self,
-        scheduler: str,
-        after: builtins.list[AppHandle] | None,
-        condition: str,
-        cfg: Cfg | None,
-    ) -> dict[str, CfgVal] | None:
-        """The run options that make ``scheduler`` itself hold an app until ``after`` ended
-        (Slurm's ``--dependency``), if it can: each dependency an app (or an array of one native
-        submission) of that backend that has not ended yet. None: a driver holds the app."""
-        ids = []
-        for h in after or []:
-            p = parse_app_handle(h)
-            app_id = (
-                arrays.native_app_id(p.scheduler_backend, p.session_name, p.app_id)
-                if arrays.is_array_id(p.app_id)
-                else p.app_id
-            )
-            if p.scheduler_backend != scheduler or app_id is None:
-                return None
-            ids.append(app_id)
-        statuses = self.status_many(after or [])
-        if not ids or any(s is None or s.is_terminal() for s in statuses.values()):
-            return None  # (an ended job may be gone from the controller: Slurm then runs at once)
-        sched = self._scheduler(scheduler)
-        return sched.native_after(ids, condition, sched.resolve_cfg(cfg))
-
-    def _check_after(
-        self, after: builtins.list[AppHandle] | None, condition: str
-    ) -> builtins.list[AppHandle]:
-        arrays.check_after_condition(condition)
-        if after is None:
-            return []
-        if isinstance(after, str) or not isinstance(after, (builtins.list, tuple)):
-            raise ValueError(f"after: expected a list of app handles, got {after!r}")
-        for h in after:
-            try:
-                known = self.status(h) is not None
-            except ValueError as e:
-                raise ValueError(f"after: {e}") from None
-            if not known:
-                raise ValueError(f"after: no app {h} (unknown to its scheduler)")
-        return builtins.list(after)
 
     def _check_driven(
         self, app: AppDef, scheduler: str, cfg: Cfg | None, dryrun: bool = True
@@ -527,20 +481,7 @@ class Runner:
             return None
         if index is None:
             return arrays.array_status(adir)
-        element = arrays.element_status(adir, index)
-        if element.handle is None:
-            if not is_terminal(element.state):
-                arrays.revive(adir)
-            return AppStatus(element.state, msg=element.msg, reason=element.reason)
-        status = self.status(element.handle)
-        if status is None or status.reason != Reason.DEPENDENCY:
-            return status
-        # the backend ended it for its dependencies: the driver's record names which
-        if not is_terminal(element.state):
-            arrays.revive(adir)
-            return AppStatus(AppState.PENDING, msg="its dependencies can never be met")
-        status.msg = element.msg or status.msg
-        return status
+        return arrays.element_app_status(adir, index, self.status)
 
     def _element_app(self, app_handle: AppHandle) -> AppHandle:
         """The app an element handle stands for (any other handle unchanged)."""
@@ -822,20 +763,6 @@ class Runner:
         seen = {p.field for p in found} | {p.message for p in found}
         # (a dry run error the backend's checks found again is reported once)
         return [p for p in problems if p.field not in seen and p.message not in seen] + found
-
-
-def _first_native(
-    sched: Scheduler[Any], size: int, keyed: bool, app: AppDef
-) -> Callable[[arrays.ArrayDir], None]:
-    """Makes an array's (or a held app's) first native submission, in the submitting process
-    (``keyed``: the caller gave an idempotency key, see ``submit_native``)."""
-
-    def submit(adir: arrays.ArrayDir) -> None:
-        from core.arrays.native import submit_native
-
-        submit_native(adir, sched, 1, builtins.list(range(size)), keyed, app)
-
-    return submit
 
 
 def _to_status(desc: Any) -> AppStatus | None:

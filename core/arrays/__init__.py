@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.arrays.driver import cancel_targets, ensure_driver
 from core.arrays.native import take_natives
@@ -45,9 +45,11 @@ __all__ = [
     "ArraySpecError",
     "array_status",
     "cancel_array",
+    "check_after",
     "check_after_condition",
     "check_allow_failures",
     "create_array",
+    "element_app_status",
     "element_handle",
     "element_status",
     "first_element",
@@ -61,6 +63,9 @@ __all__ = [
     "revive",
     "split_element_id",
 ]
+
+if TYPE_CHECKING:
+    from core.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +94,23 @@ def requested_app(adir: ArrayDir) -> AppDef | None:
 
     request = adir.request()
     return app_from_dict(request["app"]) if request else None
+
+
+def check_after(runner: Runner, after: Any, condition: str) -> list[str]:
+    """``after`` as a list of handles of apps ``runner`` knows, else an error naming it."""
+    check_after_condition(condition)
+    if after is None:
+        return []
+    if isinstance(after, str) or not isinstance(after, list | tuple):
+        raise ValueError(f"after: expected a list of app handles, got {after!r}")
+    for h in after:
+        try:
+            known = runner.status(h) is not None
+        except ValueError as e:
+            raise ValueError(f"after: {e}") from None
+        if not known:
+            raise ValueError(f"after: no app {h} (unknown to its scheduler)")
+    return list(after)
 
 
 def _array_id(app: AppDef, key: str | None) -> str:
@@ -295,6 +317,27 @@ def element_status(adir: ArrayDir, index: int) -> ElementStatus:
             f"app handle: array {adir.array_id} has elements 0..{len(elements) - 1}, not {index}"
         )
     return elements[index]
+
+
+def element_app_status(
+    adir: ArrayDir, index: int, status_of: Callable[[str], AppStatus | None]
+) -> AppStatus | None:
+    """The status of element ``index`` (``status_of`` reads its app's by handle): its record's
+    while it waits for a slot; its app's once started, except that an app its backend ended for
+    its dependencies reads as waiting until its driver recorded which dependency it was."""
+    element = element_status(adir, index)
+    if element.handle is None:
+        if not is_terminal(element.state):
+            revive(adir)
+        return AppStatus(element.state, msg=element.msg, reason=element.reason)
+    status = status_of(element.handle)
+    if status is None or status.reason != Reason.DEPENDENCY:
+        return status
+    if not is_terminal(element.state):
+        revive(adir)
+        return AppStatus(AppState.PENDING, msg="its dependencies can never be met")
+    status.msg = element.msg or status.msg
+    return status
 
 
 def element_handle(adir: ArrayDir, index: int) -> str | None:

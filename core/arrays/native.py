@@ -5,6 +5,7 @@ first by the submitter itself, the failed ones again once nothing of the array r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from core.arrays.spec import ArraySpec, array_template
@@ -12,9 +13,16 @@ from core.arrays.store import ArrayDir
 from core.specs import AppDef, AppState, ElementStatus, make_app_handle
 
 if TYPE_CHECKING:
+    from core.runner import Runner
     from core.schedulers.api import Scheduler
 
-__all__ = ["native_key", "submit_native", "take_natives"]
+__all__ = [
+    "first_submission",
+    "native_after",
+    "native_key",
+    "submit_native",
+    "take_natives",
+]
 
 
 def take_natives(adir: ArrayDir, elements: list[ElementStatus], seen: int) -> int:
@@ -73,3 +81,42 @@ def submit_native(
     record = {"array": array, "elements": [[i, a] for i, a in zip(indices, ids, strict=True)]}
     adir.write_native(n, record)
     return record
+
+
+def first_submission(
+    sched: Scheduler[Any], size: int, keyed: bool, app: AppDef
+) -> Callable[[ArrayDir], None]:
+    """What makes an array's (or a held app's) first native submission in the submitting
+    process (``keyed``: the caller gave an idempotency key, see :func:`submit_native`)."""
+
+    def submit(adir: ArrayDir) -> None:
+        submit_native(adir, sched, 1, list(range(size)), keyed, app)
+
+    return submit
+
+
+def native_after(
+    runner: Runner, scheduler: str, after: list[str] | None, condition: str, cfg: Any
+) -> dict[str, Any] | None:
+    """The run options that make ``scheduler`` itself hold an app until ``after`` ended
+    (Slurm's ``--dependency``), if it can: each dependency an app (or an array of one native
+    submission) of that backend that has not ended yet. None: a driver holds the app."""
+    from core.arrays import is_array_id, native_app_id
+    from core.specs import parse_app_handle
+
+    ids = []
+    for h in after or []:
+        p = parse_app_handle(h)
+        app_id = (
+            native_app_id(p.scheduler_backend, p.session_name, p.app_id)
+            if is_array_id(p.app_id)
+            else p.app_id
+        )
+        if p.scheduler_backend != scheduler or app_id is None:
+            return None
+        ids.append(app_id)
+    statuses = runner.status_many(after or [])
+    if not ids or any(s is None or s.is_terminal() for s in statuses.values()):
+        return None  # (an ended job may be gone from the controller: Slurm then runs at once)
+    sched = runner.scheduler(scheduler)
+    return sched.native_after(ids, condition, sched.resolve_cfg(cfg))
