@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
     from core.schedulers.docker_scheduler import DockerEngine
 
-__all__ = ["ShipyardJobFailedError", "ShipyardOperator"]
+__all__ = ["ShipyardJobFailedError", "ShipyardJobFailedNoRetryError", "ShipyardOperator"]
 
 
 class ShipyardJobFailedError(ShipyardError, AirflowException):
@@ -73,6 +73,29 @@ class ShipyardJobFailedError(ShipyardError, AirflowException):
         self.app_handle = error.handle
         self.state = error.state
         self.exit_codes = error.exit_codes
+
+
+class ShipyardJobFailedNoRetryError(ShipyardError, AirflowFailException):
+    """The job did not succeed for a reason of the operator's ``fail_fast_on``: the task fails
+    without Airflow's retries (the message is :class:`ShipyardJobFailedError`'s)."""
+
+    def __init__(self, error: AppFailedError) -> None:
+        super().__init__(f"{error} [reason {error.reason} is in fail_fast_on: no retry]")
+        self.app_handle = error.handle
+        self.state = error.state
+        self.reason = error.reason
+
+
+def _reasons(value: Any) -> tuple[str, ...]:
+    """``fail_fast_on`` as reason names, else an error naming it."""
+    from core.specs import Reason
+
+    items = (value,) if isinstance(value, str) else tuple(value or ())
+    known = {str(r) for r in Reason}
+    bad = [r for r in items if r not in known]
+    if bad:
+        raise ValueError(f"fail_fast_on: expected reasons among {sorted(known)}, got {bad!r}")
+    return tuple(str(r) for r in items)
 
 
 class ShipyardJobSilentError(ShipyardError, AirflowException):
@@ -119,6 +142,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             A retry of the task runs the array's failed elements again (same handle)
         after: app or array handles this task's job waits for (templated, e.g. upstream
             tasks' return values); ``after_condition``: ``ok`` (default), ``any``, ``notok``
+        fail_fast_on: reasons (``oom``, ``timeout``, ... see :class:`core.specs.Reason`) for
+            which a failed job fails the task without Airflow's retries (``AirflowFailException``):
+            a job that cannot fit will not fit on the next try either
 
     Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
     and ``state`` (the app state's name). Once the job ended, also ``reason`` (why it ended:
@@ -173,9 +199,11 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         allow_failures: int = 0,
         after: Any = None,
         after_condition: str = "ok",
+        fail_fast_on: Sequence[str] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.fail_fast_on = _reasons(fail_fast_on)
         self.max_silence = check_max_silence(max_silence)
         self.array_size, self.array_params, self.max_parallel = (
             array_size,
@@ -551,6 +579,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         try:
             runner.check_succeeded(handle, status)
         except AppFailedError as e:
+            if e.reason in self.fail_fast_on:
+                raise ShipyardJobFailedNoRetryError(e) from e
             raise ShipyardJobFailedError(e) from e
         self.log.info("%s SUCCEEDED", handle)
         return handle

@@ -416,3 +416,23 @@ def test_max_silence_in_the_trigger_cancels_and_names_the_replica(runner: Any) -
     assert runner.status(trigger.app_handle).state == AppState.CANCELLED
     with pytest.raises(ShipyardJobSilentError, match=r"hangd/0: 'init done'"):
         op.execute_complete(context(ti), event.payload)
+
+
+def test_a_job_over_its_time_limit_fails_without_retry_when_told(runner: Any) -> None:
+    op = ShipyardOperator(
+        task_id="limited", app=sh("limited", "sleep 300"), cfg={"time_limit": "1s"},
+        fail_fast_on=["oom", "timeout"], poll_interval=0.2,
+    )  # fmt: skip
+    ti = TaskInstanceStub()
+    with pytest.raises(AirflowFailException, match=r"reason timeout.*no retry") as info:
+        op.execute(context(ti, StateStoreStub()))
+    assert not isinstance(info.value, ShipyardJobFailedError)  # (AirflowFailException: no retry)
+    assert ti.xcoms["reason"] == "timeout" and ti.xcoms["state"] == "FAILED"
+    plain = ShipyardOperator(
+        task_id="limited2", app=sh("limited", "sleep 300"), cfg={"time_limit": "1s"},
+        poll_interval=0.2,
+    )  # fmt: skip
+    with pytest.raises(ShipyardJobFailedError, match="time limit of 1s reached"):
+        plain.execute(context(TaskInstanceStub(task_id="limited2"), StateStoreStub()))
+    with pytest.raises(ValueError, match="fail_fast_on: expected reasons among"):
+        ShipyardOperator(task_id="bad", app=sh("x", "true"), fail_fast_on=["full moon"])
