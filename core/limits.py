@@ -20,6 +20,8 @@ from core.options import runopts
 from core.specs import CfgVal
 
 __all__ = [
+    "ATTEMPT_ENV",
+    "CHECKPOINT_DIR_ENV",
     "CHECKPOINT_GRACE_OPT",
     "CHECKPOINT_SIGNAL_OPT",
     "TIME_LIMIT_OPT",
@@ -30,6 +32,10 @@ __all__ = [
     "parse_duration",
 ]
 
+#: in every replica: which attempt of the app this is (0, 1, ... as it is requeued or retried)
+ATTEMPT_ENV = "SHIPYARD_ATTEMPT"
+#: in every replica: a directory kept across the app's attempts, for its checkpoints
+CHECKPOINT_DIR_ENV = "SHIPYARD_CHECKPOINT_DIR"
 TIME_LIMIT_OPT = "time_limit"
 CHECKPOINT_SIGNAL_OPT = "checkpoint_signal"
 CHECKPOINT_GRACE_OPT = "checkpoint_grace"

@@ -105,7 +105,7 @@ class AppDir:
     #: the app reached its time limit (its replicas were ended), and was sent its checkpoint
     #: signal before (see :mod:`core.limits`)
     TIMEOUT = "timeout"
-    CHECKPOINT = "checkpoint"
+    CHECKPOINT = "checkpoint_signal"
     DONE = "done"
     LOGS_DONE = "logs_done"
     LOCK = "collector.lock"
@@ -126,8 +126,15 @@ class AppDir:
     # -- the directory --------------------------------------------------------------------
 
     def create(self) -> None:
-        """Makes the directory (mode 0700). FileExistsError if the app id is taken."""
+        """Makes the directory (mode 0700) and its ``checkpoint`` directory
+        (``$SHIPYARD_CHECKPOINT_DIR``). FileExistsError if the app id is taken."""
         os.mkdir(self.path, 0o700)
+        os.mkdir(self.checkpoint_dir, 0o700)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The app's checkpoint directory (``$SHIPYARD_CHECKPOINT_DIR``), kept with the app."""
+        return self.file("checkpoint")
 
     def exists(self) -> bool:
         return os.path.isdir(self.path)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from core.limits import limits_from_cfg
+from core.limits import ATTEMPT_ENV, CHECKPOINT_DIR_ENV, limits_from_cfg
 from core.reports import RESULT_FILE_ENV, Problem, ReplicaResult
 from core.schedulers.api import (
     DescribeAppResponse,
@@ -179,6 +179,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 )
                 param.env[MARKER_ENV] = f"{app_id}:{g}"
                 param.env[RESULT_FILE_ENV] = adir.result_file(role.name, k)
+                param.env.update({ATTEMPT_ENV: "0", CHECKPOINT_DIR_ENV: adir.checkpoint_dir})
                 check_command_size(param.args, param.env, f"roles[{i}]", base_size)
                 params.append(param)
                 g += 1

@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from core.limits import ATTEMPT_ENV, CHECKPOINT_DIR_ENV
 from core.reports import RESULT_FILE_ENV
 from core.specs import CfgVal, Role, macros
 
@@ -306,6 +307,10 @@ class SlurmBatchRequest:
             f'mkdir -p "${_RESULT_DIR}"'
             + (f' && : > "${_RESULT_DIR}/all"' if self.result_replicas == "all" else ""),
             'export SLURM_ACCTG_FREQ="${SLURM_ACCTG_FREQ:-task=1}"',
+            "# the attempt (a requeued job keeps its id) and a checkpoint directory kept across them",
+            f'export {ATTEMPT_ENV}="${{SLURM_RESTART_COUNT:-0}}"',
+            f'export {CHECKPOINT_DIR_ENV}="$PWD/shipyard-checkpoint-{app_expr.strip(chr(34))}"',
+            f'mkdir -p "${CHECKPOINT_DIR_ENV}"',
         ]
         lines += self._array_values()
         lines.append("# the replicas' environment, kept out of every command line")

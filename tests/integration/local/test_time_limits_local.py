@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.runner import Runner
-from core.specs import AppDef, AppState, Role
+from core.schedulers.local.appdir import AppDir, apps_root
+from core.specs import AppDef, AppState, Role, parse_app_handle
 from tests.integration import arrays
 
 
@@ -71,3 +72,15 @@ def test_bad_limits_are_refused_before_anything_starts(
     app = AppDef("bad", [Role("w", entrypoint="true")])
     with pytest.raises(ValueError, match=message):
         runner.run(app, "local_cwd", cfg)
+
+
+def test_each_replica_sees_its_attempt_and_a_checkpoint_directory_kept_after_the_end(
+    runner: Runner,
+) -> None:
+    script = 'echo "$SHIPYARD_ATTEMPT" > "$SHIPYARD_CHECKPOINT_DIR/step.$SHIPYARD_REPLICA_ID"'
+    app = AppDef("ckptdir", [Role("w", entrypoint="sh", args=["-c", script], num_replicas=2)])
+    handle = runner.run(app, "local_cwd")
+    assert arrays.final(runner, handle, timeout=60).state == AppState.SUCCEEDED
+    checkpoint = Path(AppDir(apps_root(), parse_app_handle(handle).app_id).checkpoint_dir)
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["step.0", "step.1"]
+    assert (checkpoint / "step.1").read_text() == "0\n"

@@ -46,3 +46,18 @@ def test_the_checkpoint_signal_is_refused_over_slurmrestd(
         app = AppDef("quick", [Role("w", entrypoint="true")])
         with pytest.raises(ValueError, match="checkpoint_signal: not over slurmrestd yet"):
             c.submit(app, {"time_limit": "5m", "checkpoint_signal": "USR1"})
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint_directory(cluster: Cluster) -> None:
+    # (max_retries requeues the job itself: same job id, SLURM_RESTART_COUNT counts attempts)
+    script = (
+        'd="$SHIPYARD_CHECKPOINT_DIR"; echo "$SHIPYARD_ATTEMPT" >> "$d/attempts";'
+        ' [ -e "$d/saved" ] || { touch "$d/saved"; exit 3; }'
+    )
+    app = AppDef("resume", [Role("w", entrypoint="sh", args=["-c", script], max_retries=1)])
+    job_dir, path = cluster.job_dir("resume")
+    app_id = cluster.submit(app, {"job_dir": job_dir})
+    desc = cluster.wait_done(app_id, timeout=180)
+    assert desc.state == AppState.SUCCEEDED and desc.num_restarts == 1, desc
+    checkpoint = path / f"shipyard-checkpoint-{cluster.job_id(app_id)}"
+    assert (checkpoint / "attempts").read_text().split() == ["0", "1"]
