@@ -20,6 +20,7 @@ def cluster(
     yield from make_cluster(request.param, tmp_path, monkeypatch)
 
 
+@pytest.mark.parametrize("cluster", ["local"], indirect=True)  # (the same script over ssh)
 def test_a_job_over_its_limit_gets_the_signal_then_ends_timeout(cluster: Cluster) -> None:
     record = cluster.scratch / "signals"
     script = f"trap 'echo USR1 >> {record}' USR1; while :; do sleep 1; done"
