@@ -14,6 +14,10 @@ export SHIPYARD_RANK0_HOST="${SLURM_JOB_NODELIST_HET_GROUP_0:-$SLURM_JOB_NODELIS
 export SHIPYARD_RESULT_DIR="$PWD/shipyard-results-$SLURM_JOB_ID"
 mkdir -p "$SHIPYARD_RESULT_DIR"
 export SLURM_ACCTG_FREQ="${SLURM_ACCTG_FREQ:-task=1}"
+# the attempt (a requeued job keeps its id) and a checkpoint directory kept across them
+export SHIPYARD_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
+export SHIPYARD_CHECKPOINT_DIR="$PWD/shipyard-checkpoint-$SLURM_JOB_ID"
+mkdir -p "$SHIPYARD_CHECKPOINT_DIR"
 # the replicas' environment, kept out of every command line
 export SHIPYARD_ENV_0_0="$SLURM_JOB_ID"
 export SHIPYARD_ENV_0_1=worker
