@@ -71,7 +71,9 @@ def _component(rep: SlurmReplicaRequest, workdir: str, env: Mapping[str, str]) -
             if minutes is not None:
                 props["time_limit"] = minutes
         elif opt == "signal" and value is not None:
-            props["signal"] = value
+            # v0.0.38 refuses the batch-shell form (B:): the signal then goes to the job's
+            # steps, which reaches every replica straight from Slurm (the script's trap idles)
+            props["signal"] = value.removeprefix("B:")
         elif opt == "requeue":
             props["requeue"] = True
         elif opt == "kill-on-invalid-dep":

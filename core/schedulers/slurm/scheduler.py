@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from core.clusters import ClusterConfig, ClusterError, get_cluster
-from core.limits import CHECKPOINT_SIGNAL_OPT, TIME_LIMIT_OPT, limits_from_cfg
+from core.limits import TIME_LIMIT_OPT, limits_from_cfg
 from core.reports import (
     RESULT_REPLICAS_OPT,
     Problem,
@@ -180,12 +180,6 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             if role.mounts:
                 raise ValueError(f"roles[{i}].mounts: the slurm scheduler does not support mounts")
         cluster = _cfg_cluster(cfg)
-        if cluster is not None and cfg.get(CHECKPOINT_SIGNAL_OPT):
-            if self._cluster(cluster).transport == "rest":
-                raise ValueError(
-                    f"cfg.{CHECKPOINT_SIGNAL_OPT}: not over slurmrestd yet (its v0.0.38 API"
-                    " refuses --signal=B:...); use the cluster's ssh or local transport"
-                )
         if cluster is not None:
             self._probe(cluster)
         job_dir = self._job_dir(cfg)
