@@ -95,7 +95,8 @@ class Cluster:
         return wait(check, timeout, f"job {app_id} to reach {sorted(s.name for s in states)}")
 
     def wait_done(self, app_id: str, timeout: float = 90) -> Any:
-        return self.wait_state(app_id, {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED})
+        ended = {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED}
+        return self.wait_state(app_id, ended, timeout)
 
 
 def no_local_slurm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
