@@ -21,7 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from core.arrays.native import take_natives
+from core.arrays.native import submit_native, take_natives
 from core.arrays.spec import ArraySpec, element_app
 from core.arrays.store import ArrayDir
 from core.specs import AppState, AppStatus, ElementStatus, Reason, is_terminal, make_app_handle
@@ -270,8 +270,6 @@ class Driver:
     def _start_native(self) -> None:
         """Submits the elements waiting to start as one native array, once none runs (so the
         backend's cap covers them all)."""
-        from core.arrays.native import submit_native
-
         pending = [e for e in self.elements if e.handle is None and e.state == AppState.PENDING]
         if not pending or self._live():
             return
