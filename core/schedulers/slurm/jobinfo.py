@@ -365,6 +365,12 @@ def to_response(info: JobInfo, app_id: str | None = None) -> DescribeAppResponse
     """The :class:`DescribeAppResponse` of a job (``app_id``: the id it is known by, e.g. with
     its cluster's name; default the job id)."""
     state = app_state(info.state)
+    if is_terminal(state) and not all(
+        is_terminal(app_state(c.state)) for c in info.components.values()
+    ):
+        # a het job's leader ended while another component is still COMPLETING: that one's
+        # exit code is not final yet, so the job is not either
+        state = AppState.RUNNING
     roles: dict[str, RoleStatus] = {}
     for off in sorted(info.components):
         comp = info.components[off]

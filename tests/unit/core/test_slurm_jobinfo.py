@@ -52,6 +52,19 @@ def test_a_first_attempt_has_the_derived_exit_code() -> None:
     assert _codes(*rows) == {"flaky-0": (AppState.FAILED, 7), "steady-0": (AppState.SUCCEEDED, 0)}
 
 
+def test_a_het_job_whose_leader_ended_first_runs_until_every_component_has() -> None:
+    # as a real 22.05 cluster showed for ~10 ms: the leader FAILED, the failing component still
+    # COMPLETING (its code not final); reading the job as ended then lost that code
+    ending = [
+        _row(State="FAILED", Name="trainer-0"),
+        _row(HetJobOffset="1", JobID="41", State="COMPLETING", DerivedEC="768", Name="ps-0"),
+    ]
+    d = to_response(parse_squeue("\n".join(ending))["40"])
+    assert d.state == AppState.RUNNING
+    ended = [ending[0], ending[1].replace("COMPLETING", "FAILED")]
+    assert _codes(*ended) == {"trainer-0": (AppState.SUCCEEDED, 0), "ps-0": (AppState.FAILED, 3)}
+
+
 def test_a_requeued_job_that_completed_exited_0_whatever_earlier_attempts_did() -> None:
     rows = [
         _row(RestartCnt="1", DerivedEC=str(7 << 8)),
