@@ -27,9 +27,14 @@ __all__ = [
     "TIME_LIMIT_OPT",
     "Limits",
     "LimitsError",
+    "MAX_REQUEUES_OPT",
+    "REQUEUE_ON_TIMEOUT_OPT",
+    "Requeue",
     "add_limit_opts",
+    "add_requeue_opts",
     "limits_from_cfg",
     "parse_duration",
+    "requeue_from_cfg",
 ]
 
 #: in every replica: which attempt of the app this is (0, 1, ... as it is requeued or retried)
@@ -39,6 +44,8 @@ CHECKPOINT_DIR_ENV = "SHIPYARD_CHECKPOINT_DIR"
 TIME_LIMIT_OPT = "time_limit"
 CHECKPOINT_SIGNAL_OPT = "checkpoint_signal"
 CHECKPOINT_GRACE_OPT = "checkpoint_grace"
+MAX_REQUEUES_OPT = "max_requeues"
+REQUEUE_ON_TIMEOUT_OPT = "requeue_on_timeout"
 DEFAULT_GRACE = 60.0
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -175,4 +182,63 @@ def add_limit_opts(opts: runopts) -> None:
         type_=float,
         help=f"seconds before time_limit that checkpoint_signal is sent (default {DEFAULT_GRACE:g},"
         " or half of a shorter time_limit's)",
+    )
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """How often an app is started again when preempted or its node failed (``max_requeues``)
+    and whether its time limit counts too (``on_timeout``)."""
+
+    max_requeues: int = 0
+    on_timeout: bool = False
+
+
+def requeue_from_cfg(cfg: Mapping[str, CfgVal], limits: Limits) -> Requeue:
+    """The requeues ``cfg`` asks for.
+
+    Raises:
+        LimitsError: naming the option (a count that is not a whole number >= 0, a
+            ``requeue_on_timeout`` without ``max_requeues`` or without a ``time_limit``).
+    """
+    raw = cfg.get(MAX_REQUEUES_OPT)
+    count = 0 if raw in (None, "") else _count(raw)
+    on_timeout = _flag(cfg.get(REQUEUE_ON_TIMEOUT_OPT))
+    if on_timeout and count == 0:
+        raise LimitsError(f"{REQUEUE_ON_TIMEOUT_OPT}: needs {MAX_REQUEUES_OPT} > 0")
+    if on_timeout and limits.time_limit is None:
+        raise LimitsError(f"{REQUEUE_ON_TIMEOUT_OPT}: needs a {TIME_LIMIT_OPT}")
+    return Requeue(count, on_timeout)
+
+
+def _count(value: CfgVal) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit():
+        raise LimitsError(f"{MAX_REQUEUES_OPT}: expected a whole number >= 0, got {value!r}")
+    return int(text)
+
+
+def _flag(value: CfgVal) -> bool:
+    if value in (None, "", False, "false", "False", "0", 0):
+        return False
+    if value in (True, "true", "True", "1", 1):
+        return True
+    raise LimitsError(f"{REQUEUE_ON_TIMEOUT_OPT}: expected true or false, got {value!r}")
+
+
+def add_requeue_opts(opts: runopts) -> None:
+    """Adds ``max_requeues`` and ``requeue_on_timeout`` to a backend's run options."""
+    opts.add(
+        MAX_REQUEUES_OPT,
+        type_=int,
+        default=0,
+        help="times the app is started again when preempted or its node failed (and with"
+        " requeue_on_timeout, at its time limit); max_retries is not spent on them",
+    )
+    opts.add(
+        REQUEUE_ON_TIMEOUT_OPT,
+        type_=bool,
+        default=False,
+        help="requeue (within max_requeues) an app that reaches its time_limit, shortly before"
+        " the limit and after checkpoint_signal",
     )

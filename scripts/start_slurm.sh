@@ -163,7 +163,12 @@ MinJobAge=300
 # (ten cancelled 1,000-element arrays) would make sbatch wait for room
 MaxJobCount=100000
 NodeName=node[1-3] NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=17001-17003 CPUs=2 RealMemory=4000 State=UNKNOWN
-PartitionName=debug Nodes=node[1-3] Default=YES MaxTime=INFINITE State=UP
+# Preemption for real: a job in "urgent" takes the nodes of "debug" jobs, which Slurm requeues
+# (or, not requeueable, ends PREEMPTED). The steps get SIGTERM and KillWait seconds first.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes=node[1-3] Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=node[1-3] MaxTime=INFINITE State=UP PriorityTier=10
 EOF
 )
 

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import TypedDict
 
-from core.limits import add_limit_opts
+from core.limits import add_limit_opts, add_requeue_opts
 from core.reports import RESULT_REPLICAS_HELP, RESULT_REPLICAS_OPT
 from core.schedulers.slurm.script import SBATCH_JOB_OPTIONS
 from core.specs import CfgVal, runopts
@@ -44,6 +44,8 @@ SlurmOpts = TypedDict(
         "time_limit": str | None,
         "checkpoint_signal": str | None,
         "checkpoint_grace": float | None,
+        "max_requeues": int,
+        "requeue_on_timeout": bool,
     },
     total=False,
 )
@@ -85,6 +87,7 @@ def run_opts() -> runopts:
     )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     add_limit_opts(opts)
+    add_requeue_opts(opts)
     return opts
 
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from core.clusters import ClusterConfig, ClusterError, get_cluster
-from core.limits import TIME_LIMIT_OPT, limits_from_cfg
+from core.limits import TIME_LIMIT_OPT, limits_from_cfg, requeue_from_cfg
 from core.reports import (
     RESULT_REPLICAS_OPT,
     Problem,
@@ -35,6 +35,7 @@ from core.schedulers.slurm.logs import TailChecks, read_lines
 from core.schedulers.slurm.options import SlurmOpts, run_opts, validate_options
 from core.schedulers.slurm.script import (
     RANK0_ENV,
+    WARN_SIGNAL,
     SlurmBatchRequest,
     SlurmReplicaRequest,
     comment_key,
@@ -169,7 +170,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         validate_options(cfg)
         if cfg.get("time") and cfg.get(TIME_LIMIT_OPT):
             raise ValueError(f"cfg.{TIME_LIMIT_OPT}, cfg.time: expected one of them, got both")
-        limits_from_cfg(cfg)
+        requeue_from_cfg(cfg, limits_from_cfg(cfg))
         result_replicas(cfg.get(RESULT_REPLICAS_OPT))
         for i, role in enumerate(app.roles):
             if role.max_retries > 0 and role.retry_policy != RetryPolicy.APPLICATION:
@@ -263,11 +264,13 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 replica_role = _replica_role(role, replica_id, img_root)
                 replicas[name] = SlurmReplicaRequest.from_role(name, replica_role, job_cfg, nomem)
         max_retries = max(role.max_retries for role in app.roles)
+        requeue = requeue_from_cfg(cfg, limits)
         first = next(iter(replicas.values()))
-        if max_retries > 0:
-            first.sbatch_opts["requeue"] = None
-        if limits.signal is not None:  # to the batch shell, which passes it to every replica
-            first.sbatch_opts["signal"] = f"B:{limits.signal}@{math.ceil(limits.grace)}"
+        # (explicit: a site's JobRequeue=1 would otherwise requeue a preempted job unasked)
+        first.sbatch_opts["requeue" if max_retries or requeue.max_requeues else "no-requeue"] = None
+        warn = limits.signal or (WARN_SIGNAL if requeue.on_timeout else None)
+        if warn is not None:  # to the batch shell, which passes a checkpoint signal on
+            first.sbatch_opts["signal"] = f"B:{warn}@{math.ceil(limits.grace)}"
         req = SlurmBatchRequest(
             cmd=["sbatch", "--parsable"],
             replicas=replicas,
@@ -277,6 +280,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             cluster=cluster,
             result_replicas=result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
             checkpoint_signal=limits.signal,
+            max_requeues=requeue.max_requeues,
+            timeout_requeue_in=_timeout_requeue_delay(limits.grace) if requeue.on_timeout else None,
         )
         req.order_components()
         return AppDryRunInfo(req, lambda r: r.materialize())
@@ -717,6 +722,12 @@ def _fill_exit_codes(acct: JobInfo, controller: JobInfo) -> None:
         known = controller.components.get(off)
         if comp.exit_code is None and known is not None and known.exit_code is not None:
             comp.exit_code = known.exit_code
+
+
+def _timeout_requeue_delay(grace: float) -> int:
+    """Seconds from the checkpoint signal to the requeue that beats the time limit: what is
+    left of ``grace`` less a margin (10 s, or half a shorter grace) for the steps to end."""
+    return max(1, math.floor(grace - min(10.0, grace / 2)))
 
 
 def _first_with_key(jobs: Mapping[str, JobInfo], token: str) -> str | None:

@@ -42,6 +42,9 @@ SBATCH_JOB_OPTIONS: tuple[str, ...] = (
 #: the environment variable, set in every replica, that names the node of replica 0 of role 0
 #: (that replica is not always component 0: see :meth:`SlurmBatchRequest.order_components`)
 RANK0_ENV = "SHIPYARD_RANK0_HOST"
+#: the batch shell's own warning before the time limit when there is no checkpoint signal to
+#: pass on (``requeue_on_timeout`` needs one): never forwarded to the replicas
+WARN_SIGNAL = "USR2"
 
 _APP_ID_EXPR = '"$SLURM_JOB_ID"'  # the app id is the het job's (leader's) id, known at run time
 # a native array's task: Slurm's own J_i
@@ -251,6 +254,11 @@ class SlurmBatchRequest:
     #: a native array's per-task values: ``array_values[n][i]`` is what
     #: :func:`array_value_macro` ``(n)`` stands for in task ``i``
     array_values: list[dict[int, str]] = field(default_factory=list)
+    #: how often a preempted job, or one whose node failed, may be requeued (by Slurm: the
+    #: script turns the job's requeue off on its last allowed attempt)
+    max_requeues: int = 0
+    #: ``requeue_on_timeout``: seconds from the warning before the time limit to the requeue
+    timeout_requeue_in: int | None = None
 
     def order_components(self) -> None:
         """Puts the replicas that ask for no memory first: sbatch carries ``--mem`` from one
@@ -313,6 +321,7 @@ class SlurmBatchRequest:
             f'mkdir -p "${CHECKPOINT_DIR_ENV}"',
         ]
         lines += self._array_values()
+        lines += self._requeue_setup(app_expr)
         lines.append("# the replicas' environment, kept out of every command line")
         for i, rep in enumerate(reps):
             lines += rep.env_exports(i, app_expr)
@@ -328,33 +337,66 @@ class SlurmBatchRequest:
                 lines.append("  : \\")
             tail = " \\" if i < len(reps) - 1 else ""
             lines.append("    " + " ".join(rep.srun_group(i, private, app_expr)) + tail)
-        if self.checkpoint_signal is not None:
+        if self._warned:
             lines[-1] += " &"
         lines += self._srun_end()
         if self.max_retries > 0:
             lines += [
                 f"# max_retries={self.max_retries}: a failed attempt requeues the whole job",
-                'if [ "$exitcode" -ne 0 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt'
+                'if [ "$exitcode" -ne 0 ] && [ "$shipyard_retries" -lt'
                 f" {int(self.max_retries)} ]; then",
-                '    echo "shipyard: attempt ${SLURM_RESTART_COUNT:-0} failed with exit code'
-                ' $exitcode, requeueing job $SLURM_JOB_ID" >&2',
+                '    echo "shipyard: attempt $SHIPYARD_ATTEMPT failed with exit code $exitcode,'
+                ' requeueing job $SLURM_JOB_ID" >&2',
+                '    echo retry >>"$shipyard_retries_file"',
+                '    scontrol update JobId="$SLURM_JOB_ID" Requeue=1',
                 '    scontrol requeue "$SLURM_JOB_ID"',
                 "fi",
             ]
         lines += ['exit "$exitcode"', ""]
         return "\n".join(lines)
 
+    @property
+    def _warned(self) -> bool:
+        """Whether the batch shell takes a signal before the time limit (and so runs ``srun``
+        in the background to be free to take it)."""
+        return self.checkpoint_signal is not None or self.timeout_requeue_in is not None
+
+    def _requeue_setup(self, app_expr: str) -> list[str]:
+        """Counts this attempt's earlier retries and requeues; on the last attempt that
+        ``max_requeues`` allows, turns the job's requeue off (a preemption or a node failure
+        then ends it)."""
+        if not (self.max_retries or self.max_requeues):
+            return []
+        name = f"shipyard-retries-{app_expr.strip(chr(34))}"
+        return [
+            "# Slurm's restart count spans requeues (preemption, node failure, time limit) and",
+            "# retries (max_retries): each retry is one line of this file",
+            f'shipyard_retries_file="$PWD/{name}"',
+            'shipyard_retries=$(grep -c . "$shipyard_retries_file" 2>/dev/null)',
+            "shipyard_requeues=$(( ${SLURM_RESTART_COUNT:-0} - ${shipyard_retries:=0} ))",
+            f'if [ "$shipyard_requeues" -ge {int(self.max_requeues)} ]; then',
+            f"    # no requeue left (max_requeues={self.max_requeues}): a preemption or a node"
+            " failure ends the job",
+            '    scontrol update JobId="$SLURM_JOB_ID" Requeue=0 ||'
+            ' echo "shipyard: could not turn the requeue of job $SLURM_JOB_ID off" >&2',
+            "fi",
+        ]
+
     def _srun_end(self) -> list[str]:
         """The lines after the ``srun`` command: its exit code; with a checkpoint signal,
         ``srun`` runs in the background so that the batch shell can take the signal and pass
         it on (``srun`` forwards it to every task) while it waits."""
-        if self.checkpoint_signal is None:
+        if not self._warned:
             return ["exitcode=$?", ""]
-        sig = self.checkpoint_signal
+        sig = self.checkpoint_signal or WARN_SIGNAL
         return [
             "srun_pid=$!",
-            f"# the checkpoint signal (sbatch --signal=B:{sig}@...) reaches this shell only",
-            f'trap \'echo "shipyard: checkpoint signal {sig}" >&2; kill -{sig} "$srun_pid"\' {sig}',
+            f"# the warning before the time limit (sbatch --signal=B:{sig}@...) reaches this"
+            " shell only",
+            "shipyard_at_limit() {",
+            *self._at_limit(),
+            "}",
+            f"trap shipyard_at_limit {sig}",
             'wait "$srun_pid"; exitcode=$?',
             "# past 128: the trap cut the wait short (wait again), or srun's own signal (127 next)",
             'while [ "$exitcode" -gt 128 ]; do',
@@ -362,7 +404,40 @@ class SlurmBatchRequest:
             '    [ "$next" -eq 127 ] && break',
             "    exitcode=$next",
             "done",
+            *self._requeue_now(),
             "",
+        ]
+
+    def _at_limit(self) -> list[str]:
+        """The body of the batch shell's trap of the warning before the time limit."""
+        body = []
+        if self.checkpoint_signal is not None:
+            sig = self.checkpoint_signal
+            body += [
+                f'    echo "shipyard: checkpoint signal {sig}" >&2',
+                f'    kill -{sig} "$srun_pid"',
+            ]
+        if self.timeout_requeue_in is not None:
+            delay = int(self.timeout_requeue_in)
+            body += [
+                f'    [ "$shipyard_requeues" -lt {int(self.max_requeues)} ] || return 0',
+                f'    echo "shipyard: time limit near: requeueing job $SLURM_JOB_ID in {delay} s"'
+                " >&2",
+                f'    (sleep {delay}; scontrol requeue "$SLURM_JOB_ID") &',
+                "    shipyard_requeue_pid=$!",
+            ]
+        return body
+
+    def _requeue_now(self) -> list[str]:
+        """With a time-limit requeue on its way: replicas that ended without success after
+        the warning are requeued at once (the requeue is not a retry)."""
+        if self.timeout_requeue_in is None:
+            return []
+        return [
+            'if [ -n "${shipyard_requeue_pid:-}" ]; then',
+            '    kill "$shipyard_requeue_pid" 2>/dev/null',
+            '    if [ "$exitcode" -ne 0 ]; then scontrol requeue "$SLURM_JOB_ID"; exit "$exitcode"; fi',
+            "fi",
         ]
 
     def _array_values(self) -> list[str]:

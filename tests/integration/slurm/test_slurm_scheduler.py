@@ -299,6 +299,8 @@ def test_run_opts_and_states() -> None:
         "time_limit",  # issue 27: the time limit every backend takes
         "checkpoint_signal",
         "checkpoint_grace",
+        "max_requeues",  # issue 27: requeue on preemption, node failure (and the time limit)
+        "requeue_on_timeout",
     ]
     assert SLURM_STATES["COMPLETED"] == AppState.SUCCEEDED
     assert SLURM_STATES["OUT_OF_MEMORY"] == AppState.FAILED

@@ -18,6 +18,15 @@ export SLURM_ACCTG_FREQ="${SLURM_ACCTG_FREQ:-task=1}"
 export SHIPYARD_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 export SHIPYARD_CHECKPOINT_DIR="$PWD/shipyard-checkpoint-$SLURM_JOB_ID"
 mkdir -p "$SHIPYARD_CHECKPOINT_DIR"
+# Slurm's restart count spans requeues (preemption, node failure, time limit) and
+# retries (max_retries): each retry is one line of this file
+shipyard_retries_file="$PWD/shipyard-retries-$SLURM_JOB_ID"
+shipyard_retries=$(grep -c . "$shipyard_retries_file" 2>/dev/null)
+shipyard_requeues=$(( ${SLURM_RESTART_COUNT:-0} - ${shipyard_retries:=0} ))
+if [ "$shipyard_requeues" -ge 0 ]; then
+    # no requeue left (max_requeues=0): a preemption or a node failure ends the job
+    scontrol update JobId="$SLURM_JOB_ID" Requeue=0 || echo "shipyard: could not turn the requeue of job $SLURM_JOB_ID off" >&2
+fi
 # the replicas' environment, kept out of every command line
 export SHIPYARD_ENV_0_0="$SLURM_JOB_ID"
 export SHIPYARD_ENV_0_1=worker
@@ -29,8 +38,10 @@ srun \
 exitcode=$?
 
 # max_retries=3: a failed attempt requeues the whole job
-if [ "$exitcode" -ne 0 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then
-    echo "shipyard: attempt ${SLURM_RESTART_COUNT:-0} failed with exit code $exitcode, requeueing job $SLURM_JOB_ID" >&2
+if [ "$exitcode" -ne 0 ] && [ "$shipyard_retries" -lt 3 ]; then
+    echo "shipyard: attempt $SHIPYARD_ATTEMPT failed with exit code $exitcode, requeueing job $SLURM_JOB_ID" >&2
+    echo retry >>"$shipyard_retries_file"
+    scontrol update JobId="$SLURM_JOB_ID" Requeue=1
     scontrol requeue "$SLURM_JOB_ID"
 fi
 exit "$exitcode"
