@@ -7,6 +7,7 @@ one more module with the same names, listed in ``rest.API_VERSIONS``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -74,8 +75,8 @@ def _component(rep: SlurmReplicaRequest, workdir: str, env: Mapping[str, str]) -
             # v0.0.38 refuses the batch-shell form (B:): the signal then goes to the job's
             # steps, which reaches every replica straight from Slurm (the script's trap idles)
             props["signal"] = value.removeprefix("B:")
-        elif opt == "requeue":
-            props["requeue"] = True
+        elif opt in ("requeue", "no-requeue"):
+            props["requeue"] = opt == "requeue"
         elif opt == "kill-on-invalid-dep":
             props["kill_on_invalid_dependency"] = value == "yes"
     return props
@@ -87,7 +88,14 @@ def submission(
     """The body of ``POST job/submit``: the batch script (its ``#SBATCH`` lines are not read
     by slurmrestd) and one set of job properties per het component. ``env`` is the batch
     step's environment (the replicas' own is in the script)."""
+    if req.timeout_requeue_in is not None:
+        raise ValueError(
+            "cfg.requeue_on_timeout: slurmrestd's v0.0.38 API cannot signal the batch shell,"
+            " which requeues the job before its time limit; use the ssh or local transport"
+        )
     comps = [_component(r, workdir, env) for r in req.replicas.values()]
+    if comps[0].get("requeue") is False:  # (v0.0.38 ignores it)
+        req = dataclasses.replace(req, requeue_off_in_script=True)
     comps[0]["standard_output"] = f"{workdir}/slurm-{'%A_%a' if req.array else '%j'}.out"
     if req.array:
         comps[0]["array"] = req.array

@@ -267,7 +267,11 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         requeue = requeue_from_cfg(cfg, limits)
         first = next(iter(replicas.values()))
         # (explicit: a site's JobRequeue=1 would otherwise requeue a preempted job unasked)
-        first.sbatch_opts["requeue" if max_retries or requeue.max_requeues else "no-requeue"] = None
+        if max_retries or requeue.max_requeues:
+            first.sbatch_opts["requeue"] = None
+            first.sbatch_opts["open-mode"] = "append"  # (the batch log of every attempt)
+        else:
+            first.sbatch_opts["no-requeue"] = None
         warn = limits.signal or (WARN_SIGNAL if requeue.on_timeout else None)
         if warn is not None:  # to the batch shell, which passes a checkpoint signal on
             first.sbatch_opts["signal"] = f"B:{warn}@{math.ceil(limits.grace)}"

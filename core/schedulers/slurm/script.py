@@ -259,6 +259,9 @@ class SlurmBatchRequest:
     max_requeues: int = 0
     #: ``requeue_on_timeout``: seconds from the warning before the time limit to the requeue
     timeout_requeue_in: int | None = None
+    #: the job turns its own requeue off as it starts (for a submission that cannot ask for
+    #: ``--no-requeue``: slurmrestd's v0.0.38 API ignores ``requeue: false``)
+    requeue_off_in_script: bool = False
 
     def order_components(self) -> None:
         """Puts the replicas that ask for no memory first: sbatch carries ``--mem`` from one
@@ -366,7 +369,13 @@ class SlurmBatchRequest:
         ``max_requeues`` allows, turns the job's requeue off (a preemption or a node failure
         then ends it)."""
         if not (self.max_retries or self.max_requeues):
-            return []
+            if not self.requeue_off_in_script:
+                return []
+            return [
+                "# not to be requeued (sbatch --no-requeue could not be asked for)",
+                'scontrol update JobId="$SLURM_JOB_ID" Requeue=0 ||'
+                ' echo "shipyard: could not turn the requeue of job $SLURM_JOB_ID off" >&2',
+            ]
         name = f"shipyard-retries-{app_expr.strip(chr(34))}"
         return [
             "# Slurm's restart count spans requeues (preemption, node failure, time limit) and",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +30,8 @@ TRANSPORTS = ["local", "ssh", "rest"]
 CLUSTER_NAMES = {"local": None, "ssh": "ssh-login", "rest": "rest-api"}
 REMOTE_USER = "hpcuser"
 _SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "srun")
+#: this host's environment as the tests start: its Slurm commands, before a test hides them
+_ADMIN_ENV = dict(os.environ)
 
 
 def wait(pred: Callable[[], Any], timeout: float = 90, what: str = "condition") -> Any:
@@ -57,6 +60,15 @@ class Cluster:
         #: a Python the job can run (the venv's lives under /root where hpcuser cannot go)
         self.python = "/usr/bin/python3" if self.name else os.environ.get("PYTHON", "python3")
         self.jobs: list[str] = []
+
+    def preempt(self, node: str) -> None:
+        """Preempts what runs on ``node``: a short job of the high-priority partition
+        ``urgent`` that needs the whole node, submitted as the cluster's administrator."""
+        argv = ["sbatch", "--parsable", "-p", "urgent", "-w", node, "-c", "2", "-o", "/dev/null"]
+        p = subprocess.run(
+            [*argv, "--wrap", "sleep 1"], env=_ADMIN_ENV, capture_output=True, text=True
+        )
+        assert p.returncode == 0, p.stderr  # (it ends by itself within seconds)
 
     @property
     def remote(self) -> bool:

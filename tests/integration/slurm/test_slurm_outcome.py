@@ -155,7 +155,10 @@ def test_preflight_over_slurmrestd_checks_the_partition_and_memory(rest_cluster:
     )
     problems = runner.preflight(app, "slurm", cluster.cfg({"partition": "no-such-partition"}))
     assert [p.field for p in problems if p.is_error] == ["cfg.partition"]
-    assert "no partition 'no-such-partition' on the cluster (it has: debug, urgent)" in problems[0].message
+    assert (
+        "no partition 'no-such-partition' on the cluster (it has: debug, urgent)"
+        in problems[0].message
+    )
     problems = runner.preflight(app, "slurm", cluster.cfg())
     assert [(p.field, p.severity) for p in problems] == [
         ("roles[1].resource.memMB", "error"),
