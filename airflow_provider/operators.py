@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, ResumableJobMixin, conf
@@ -48,6 +48,7 @@ from core.runner import AppFailedError, Runner, attempt_key
 from core.schedulers import get_default_scheduler_name
 from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
 from core.watch import (
+    AttemptsLog,
     JobWatch,
     LogCursor,
     MemoryCursorStore,
@@ -542,12 +543,25 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             final_usage=True,
             known_usage=usage,
             read_result=True,
-            on_status=CountsLog(self.log),
+            on_status=self._status_log(),
         )
         try:
             return watch.run()
         except JobSilentError as e:
             raise ShipyardJobSilentError(str(e)) from e
+
+    def _status_log(self) -> Callable[[AppStatus], None]:
+        """What the task log tells of each status: an array's counts as they change, each
+        requeue of an app."""
+        counts = CountsLog(self.log)
+        requeue = self._cfg().get("max_requeues")
+        attempts = AttemptsLog(self.log, requeue if isinstance(requeue, int) else None)
+
+        def told(status: AppStatus) -> None:
+            counts(status)
+            attempts(status)
+
+        return told
 
     def _push(self, context: Context, handle: AppHandle, status: AppStatus | None) -> None:
         ti = context["ti"]
@@ -572,6 +586,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self._push(context, handle, status)
         if status is not None and status.reason:
             context["ti"].xcom_push(key="reason", value=str(status.reason))
+        if status is not None and status.attempts:
+            context["ti"].xcom_push(key="attempts", value=[a.to_json() for a in status.attempts])
         if status is not None and status.elements is not None and status.is_terminal():
             return finish_array(runner, context, handle, status, self.allow_failures, self.log)
         if status is not None and status.is_terminal():

@@ -777,6 +777,7 @@ def _to_status(desc: Any) -> AppStatus | None:
             ui_url=desc.ui_url,
             roles=list(desc.roles_statuses),
             reason=desc.reason,
+            attempts=list(desc.attempts),
         )
     )
 

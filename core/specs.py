@@ -25,6 +25,7 @@ __all__ = [
     "AppHandle",
     "AppState",
     "AppStatus",
+    "Attempt",
     "BindMount",
     "Cfg",
     "CfgVal",
@@ -590,6 +591,28 @@ class ElementStatus:
 
 
 @dataclass
+class Attempt:
+    """An ended attempt of an app that was started again (requeued or retried in place):
+    its number (0 first), how it ended in the backend's words (``PREEMPTED``), why (a
+    :class:`Reason` value; None where the backend does not say) and where it ran."""
+
+    number: int
+    state: str
+    reason: str | None = None
+    nodes: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form of this attempt."""
+        return dict(self.__dict__)
+
+    def format(self) -> str:
+        """One line: ``attempt 0: PREEMPTED (preempted) on node2``."""
+        why = f" ({self.reason})" if self.reason else ""
+        where = f" on {self.nodes}" if self.nodes else ""
+        return f"attempt {self.number}: {self.state}{why}{where}"
+
+
+@dataclass
 class AppStatus:
     """Runner-level status of an app: its state plus what the scheduler said about it.
 
@@ -605,6 +628,8 @@ class AppStatus:
     elements: list[ElementStatus] | None = None
     #: why it ended (a :class:`Reason` value, see :func:`fill_reasons`); None while it runs
     reason: str | None = None
+    #: the ended attempts before the current one, where the backend requeued it in place
+    attempts: list[Attempt] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         """How many elements of an array are in each state, by name (empty for an app)."""
@@ -631,6 +656,7 @@ class AppStatus:
             "structured_error_msg": self.structured_error_msg,
             "ui_url": self.ui_url,
             "roles": [r.to_json() for r in self.roles],
+            "attempts": [a.to_json() for a in self.attempts],
             **(
                 {"counts": self.counts(), "elements": [e.to_json() for e in self.elements]}
                 if self.elements is not None
@@ -642,6 +668,7 @@ class AppStatus:
         """A human-readable, multi-line summary."""
         state = f"{self.state.name} ({self.reason})" if self.reason else self.state.name
         lines = [f"State: {state}", f"Num Restarts: {self.num_restarts}"]
+        lines += [f"  {a.format()}" for a in self.attempts]
         if self.msg:
             lines.append(f"Msg: {self.msg}")
         if self.ui_url:

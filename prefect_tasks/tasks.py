@@ -34,7 +34,7 @@ from core.reports import usage_summary
 from core.runner import Runner
 from core.schedulers import get_scheduler_factories
 from core.specs import AppHandle, AppStatus, Cfg, parse_app_handle
-from core.watch import JobWatch, LogLine, check_max_silence, is_interrupt
+from core.watch import AttemptsLog, JobWatch, LogLine, check_max_silence, is_interrupt
 from prefect_tasks import jobs, waiting
 from prefect_tasks.blocks import (
     ShipyardBackend,
@@ -259,6 +259,7 @@ def wait_for_job(
             on_line=lambda line: logger.info("%s", line),
             max_silence=max_silence,
             final_usage=True,
+            on_status=AttemptsLog(logger),
         )
         try:
             status = watch.run().status
@@ -269,6 +270,7 @@ def wait_for_job(
             raise
         jobs.untrack(handle)
         _report_usage(handle, status, logger)
+        _report_attempts(handle, status, logger)
         final = runner.check_succeeded(handle, status)  # raises AppFailedError
         logger.info("%s %s", handle, final.state.name)
         return final
@@ -289,6 +291,13 @@ def _report_usage(handle: AppHandle, status: AppStatus | None, logger: Any) -> N
         for r in rs.replicas
     ]  # fmt: skip
     jobs.publish_table(rows, f"Shipyard job {handle}: usage per replica", logger)
+
+
+def _report_attempts(handle: AppHandle, status: AppStatus | None, logger: Any) -> None:
+    """A requeued job's ended attempts: a table artifact (their lines are in the log)."""
+    if status is not None and status.attempts:
+        rows = [a.to_json() for a in status.attempts]
+        jobs.publish_table(rows, f"Shipyard job {handle}: attempts before the last", logger)
 
 
 wait_for_job_async = _async_task(

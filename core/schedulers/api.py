@@ -18,6 +18,7 @@ from core.specs import (
     AppDef,
     AppDryRunInfo,
     AppState,
+    Attempt,
     Cfg,
     CfgVal,
     Role,
@@ -63,6 +64,8 @@ class DescribeAppResponse:
     roles: list[Role] = field(default_factory=list)
     #: why it ended, where the backend knows better than exit codes (a Slurm TIMEOUT, ...)
     reason: str | None = None
+    #: the ended attempts before the current one (a job the backend requeued in place)
+    attempts: list[Attempt] = field(default_factory=list)
 
 
 @dataclass

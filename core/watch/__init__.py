@@ -7,7 +7,8 @@
   (:mod:`core.watch.follow`): reading logs, resuming from a cursor;
 * :class:`CursorStore` and its stores (:mod:`core.watch.cursors`): where a cursor is kept;
 * :class:`SilenceWatch` (:mod:`core.watch.silence`): hang detection (``max_silence``);
-* :class:`Progress` (:mod:`core.watch.progress`): what ``shipyard run --wait`` shows.
+* :class:`Progress` (:mod:`core.watch.progress`): what ``shipyard run --wait`` shows;
+* :class:`AttemptsLog` (:mod:`core.watch.attempts`): each requeue of an app, told once.
 
 ``Runner.wait``, ``Runner.stream_logs``, the CLI, the Airflow operator, trigger and sensor, the
 Prefect tasks and worker all use it. Nothing here imports Airflow or Prefect, nor
@@ -17,6 +18,7 @@ Prefect tasks and worker all use it. Nothing here imports Airflow or Prefect, no
 from __future__ import annotations
 
 from core.errors import BackendUnavailableError, JobCancelledError, JobSilentError
+from core.watch.attempts import AttemptsLog
 from core.watch.cursors import CursorStore, FileCursorStore, MemoryCursorStore
 from core.watch.follow import (
     DRAIN_TIMEOUT,
@@ -37,6 +39,7 @@ from core.watch.silence import (
 from core.watch.source import JobSource
 
 __all__ = [
+    "AttemptsLog",
     "DRAIN_TIMEOUT",
     "BackendUnavailableError",
     "CursorStore",

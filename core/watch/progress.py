@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
+from core.watch.attempts import attempt_line
+
 if TYPE_CHECKING:
     from core.specs import AppStatus, ReplicaStatus
 
@@ -69,9 +71,17 @@ class Progress:
         self._app_state: str | None = None
         self._replicas: dict[tuple[str, int], str] = {}
         self._drawn_text: str | None = None
+        self._attempts_told = 0
 
     def update(self, status: AppStatus) -> None:
-        """Shows what changed since the last status (a live line: redraws it)."""
+        """Shows what changed since the last status (a live line: redraws it), and each
+        requeue on a line of its own."""
+        requeues = [attempt_line(a) for a in status.attempts[self._attempts_told :]]
+        self._attempts_told = max(self._attempts_told, len(status.attempts))
+        if requeues:
+            self.close()
+            stamp = "" if self.live else f"[{self._elapsed():6.1f}s] "
+            self.stream.write("".join(f"{stamp}{line}\n" for line in requeues))
         if self.live:
             self._draw(status)
         else:

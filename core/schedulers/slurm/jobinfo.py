@@ -8,7 +8,16 @@ import re
 from dataclasses import dataclass, field
 
 from core.schedulers.api import DescribeAppResponse
-from core.specs import NONE, AppState, Reason, ReplicaStatus, Role, RoleStatus, is_terminal
+from core.specs import (
+    NONE,
+    AppState,
+    Attempt,
+    Reason,
+    ReplicaStatus,
+    Role,
+    RoleStatus,
+    is_terminal,
+)
 
 __all__ = [
     "SACCT_FIELDS",
@@ -102,6 +111,8 @@ class JobInfo:
     source: str = "squeue"
     #: the array job's id when this is one task of a native Slurm array (app id ``J_i``)
     array_job: str = ""
+    #: the ended attempts before the current one (from accounting: the controller keeps none)
+    attempts: list[Attempt] = field(default_factory=list)
 
     @property
     def submit_id(self) -> str:
@@ -301,11 +312,14 @@ class AccountingParser:
             app_id, JobInfo(app_id=app_id, state="UNKNOWN", source="sacct", array_job=array_job)
         )
         state = slurm_state(rec["state"])
-        if off == 0 and self._leader_state.get(app_id, "REQUEUED") != "REQUEUED":
+        if off == 0 and self._leader_state.get(app_id, "REQUEUED") not in _REQUEUED_STATES:
             # the previous record ended without a requeue: it was another job whose id was
             # reused (the controller's job ids were reset); only the newest counts
             info.components.clear()
+            info.attempts.clear()
             self._attempts[app_id] = 0
+        elif off == 0 and app_id in self._attempts:  # the previous attempt was requeued
+            info.attempts.append(_ended_attempt(self._attempts[app_id] - 1, info))
         nodes = rec["nodes"]
         info.components[off] = Component(
             offset=off,
@@ -333,6 +347,22 @@ class AccountingParser:
         for app_id, count in self._attempts.items():
             self.jobs[app_id].restarts = max(0, count - 1)
         return self.jobs
+
+
+#: how an attempt that was followed by another one may have ended (a preempted job, or one
+#: whose node failed, is requeued in place when it may be)
+_REQUEUED_STATES = frozenset({"REQUEUED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
+
+
+def _ended_attempt(number: int, info: JobInfo) -> Attempt:
+    """Attempt ``number`` of a job, from its records so far (its last attempt's)."""
+    comps = [info.components[o] for o in sorted(info.components)]
+    reason = SLURM_REASONS.get(info.state)
+    if reason is None:  # requeued by the job itself: a replica that failed (a retry), or not
+        failed = [c.step_state for c in comps if c.step_state in ("FAILED", "OUT_OF_MEMORY")]
+        reason = SLURM_REASONS.get(failed[0], Reason.EXIT_CODE) if failed else None
+    nodes = ",".join(dict.fromkeys(c.nodes for c in comps if c.nodes))
+    return Attempt(number, info.state, reason, nodes)
 
 
 def parse_sacct(out: str) -> dict[str, JobInfo]:
@@ -393,6 +423,7 @@ def to_response(info: JobInfo, app_id: str | None = None) -> DescribeAppResponse
         state=state,
         reason=job_reason,
         num_restarts=info.restarts,
+        attempts=list(info.attempts),
         msg=msg,
         structured_error_msg=NONE,
         roles_statuses=list(roles.values()),

@@ -56,6 +56,7 @@ from core.schedulers.slurm.transport import (
 from core.specs import (
     AppDef,
     AppDryRunInfo,
+    Attempt,
     CfgVal,
     RetryPolicy,
     Role,
@@ -103,6 +104,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         self._made_dirs: set[str] = set()
         self._probed: set[str] = set()  # clusters reached once (their settings work)
         self._usage: dict[str, dict[str, Any]] = {}  # of ended jobs, once accounting has all
+        #: by cluster: a requeued job's ended attempts, by (job id, restarts)
+        self._attempts: dict[str | None, dict[tuple[str, int], list[Attempt]]] = {}
         self._tails = TailChecks(self.describe_many, _tail_ended)
 
     # -- clusters ------------------------------------------------------------------------------
@@ -430,7 +433,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 groups.setdefault(parts[0], []).append(parts[1])
         found: dict[str, JobInfo] = {}
         for cluster, ids in groups.items():
-            for job_id, info in _describe_jobs(self.client(cluster), ids).items():
+            attempts = self._attempts.setdefault(cluster, {})
+            for job_id, info in _describe_jobs(self.client(cluster), ids, attempts).items():
                 app_id = _join(cluster, job_id)
                 found[app_id] = info
                 if info.workdir:
@@ -675,7 +679,11 @@ def _replica_role(role: Role, replica_id: int, img_root: str) -> Role:
     return replica_role
 
 
-def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
+def _describe_jobs(
+    client: SlurmClient, ids: list[str], attempts: dict[tuple[str, int], list[Attempt]]
+) -> dict[str, JobInfo]:
+    """What the controller says of ``ids``, completed from accounting where it must be;
+    ``attempts``: the ended attempts of requeued jobs already read, by (job id, restarts)."""
     found, controller_error = client.controller_jobs(ids)
     # accounting for jobs the controller forgot, and for requeued ones that ended (the
     # controller's derived exit codes span every attempt; accounting has each attempt's steps)
@@ -684,8 +692,20 @@ def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
         for a in ids
         if a not in found or (found[a].restarts > 0 and is_terminal(app_state(found[a].state)))
     ]
+    # (a running requeued job's earlier attempts: read once per requeue)
+    listing = [
+        a for a in ids if a in found and a not in need and _attempts_key(found[a]) not in attempts
+    ]
+    listing = [a for a in listing if found[a].restarts > 0]
+    acct = (client.accounting_jobs(need + listing) or {}) if need or listing else {}
+    for a in listing:
+        info = acct.get(a)
+        if info is not None and len(info.attempts) == found[a].restarts:
+            attempts[_attempts_key(found[a])] = info.attempts
+    for a in ids:
+        if a in found and found[a].restarts > 0:
+            found[a].attempts = list(attempts.get(_attempts_key(found[a]), []))
     if need:
-        acct = client.accounting_jobs(need) or {}
         for a in need:
             info = acct.get(a)
             if info is None or not info.components:
@@ -709,6 +729,10 @@ def _describe_jobs(client: SlurmClient, ids: list[str]) -> dict[str, JobInfo]:
                 f" answer ({controller_error}) and accounting does not know them"
             )
     return found
+
+
+def _attempts_key(info: JobInfo) -> tuple[str, int]:
+    return info.app_id, info.restarts
 
 
 def _await_accounting(controller: JobInfo) -> None:

@@ -73,6 +73,11 @@ def test_a_job_preempted_twice_resumes_and_does_every_step_once(cluster: Cluster
     assert [a[0] for a in attempts] == ["0", "1", "2"]
     assert [int(a[1]) for a in attempts] == sorted({int(a[1]) for a in attempts})  # resumed
     assert not (path / f"shipyard-retries-{cluster.job_id(app_id)}").exists()  # no retry spent
+    nodes = [a[2] for a in attempts]
+    assert [(a.number, a.state, a.reason, a.nodes) for a in desc.attempts] == [
+        (0, "PREEMPTED", "preempted", nodes[0]),
+        (1, "PREEMPTED", "preempted", nodes[1]),
+    ]
 
 
 @pytest.mark.parametrize("cluster", ["local", "rest"], indirect=True)
@@ -104,6 +109,7 @@ def test_requeue_on_timeout_requeues_before_the_limit_and_resumes(cluster: Clust
     assert desc.state == AppState.SUCCEEDED and desc.num_restarts == 1, desc
     assert _lines(ckpt / "steps") == [str(i) for i in range(150)]
     assert [a.split()[0] for a in _lines(ckpt / "attempts")] == ["0", "1"]
+    assert [(a.number, a.state) for a in desc.attempts] == [(0, "REQUEUED")]
     err = (path / f"slurm-{cluster.job_id(app_id)}.out").read_text()
     assert "shipyard: time limit near: requeueing job" in err
 

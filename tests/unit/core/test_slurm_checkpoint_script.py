@@ -68,7 +68,7 @@ TIMEOUT_REQUEUE = {
 
 def test_requeue_on_timeout_requeues_after_the_checkpoint_signal(tmp_path: Path) -> None:
     script = _script(TIMEOUT_REQUEUE, SAVER)
-    assert "--requeue --signal=B:USR1@4" in script
+    assert "--requeue --open-mode=append --signal=B:USR1@4" in script
     code, err = _run(script, tmp_path, restarts=1, signal_after_ready=True)
     assert (tmp_path / "ckpt").read_text() == "saved\n"
     assert _calls(tmp_path) == ["requeue 5"]  # (attempt 1 of 3: requeue stays on)

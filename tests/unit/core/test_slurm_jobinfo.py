@@ -123,6 +123,27 @@ def test_sacct_tasks_that_never_started_share_one_record() -> None:
     assert to_response(jobs["60_1"]).roles_statuses[0].replicas[0].exit_code == 3
 
 
+def test_sacct_attempts_of_a_requeued_job_say_why_and_where_each_ended() -> None:
+    # sacct -D of a job preempted on node1, retried after exit 3 on node2, then running
+    out = "\n".join(
+        SEP.join(r)
+        for r in [
+            ("90", "w-0", "PREEMPTED", "0:0", "node1", "/w", "c"),
+            ("90.0", "sh", "CANCELLED", "0:15", "node1", "", ""),
+            ("90", "w-0", "REQUEUED", "0:0", "node2", "/w", "c"),
+            ("90.0", "sh", "FAILED", "3:0", "node2", "", ""),
+            ("90", "w-0", "RUNNING", "0:0", "node3", "/w", "c"),
+        ]
+    )
+    info = parse_sacct(out)["90"]
+    assert info.restarts == 2 and info.state == "RUNNING"
+    assert [(a.number, a.state, a.reason, a.nodes) for a in info.attempts] == [
+        (0, "PREEMPTED", "preempted", "node1"),
+        (1, "REQUEUED", "exit_code", "node2"),
+    ]
+    assert to_response(info).attempts == info.attempts
+
+
 def test_slurmrestd_array_records_as_slurm_22_05_gives_them() -> None:
     # (the shapes of GET jobs and GET slurmdb job/{id} on the test cluster)
     base = {"name": "w-0", "job_state": "RUNNING", "nodes": "node1", "het_job_id": 0}
