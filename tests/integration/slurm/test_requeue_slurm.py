@@ -5,7 +5,8 @@ script turns requeue off on the last allowed attempt; without it the job ends ``
 ``requeue_on_timeout`` requeues the job itself shortly before its time limit.
 
 The replica is a training-like loop: one line per step done, its counter saved to
-``$SHIPYARD_CHECKPOINT_DIR`` on SIGTERM or the checkpoint signal, resumed from there."""
+``$SHIPYARD_CHECKPOINT_DIR`` on the checkpoint signal (it goes on) and on SIGTERM (it stops, as
+the steps of a requeued or preempted job get SIGTERM and KillWait seconds), resumed from there."""
 
 from __future__ import annotations
 
@@ -30,8 +31,11 @@ def _training(steps: int) -> AppDef:
     script = f"""
 d="$SHIPYARD_CHECKPOINT_DIR"; n=$(cat "$d/counter" 2>/dev/null || echo 0)
 echo "$SHIPYARD_ATTEMPT $n $SLURMD_NODENAME" >>"$d/attempts"
-stop=0; trap 'stop=1' TERM USR1
-while [ "$n" -lt {steps} ] && [ "$stop" = 0 ]; do sleep 0.2; echo "$n" >>"$d/steps"; n=$((n+1)); done
+stop=0; save=0; trap 'stop=1' TERM; trap 'save=1' USR1
+while [ "$n" -lt {steps} ] && [ "$stop" = 0 ]; do
+  sleep 0.2; echo "$n" >>"$d/steps"; n=$((n+1))
+  [ "$save" = 0 ] || {{ echo "$n" >"$d/counter"; save=0; }}
+done
 echo "$n" >"$d/counter"
 [ "$n" -ge {steps} ] || exec sleep 120
 """
