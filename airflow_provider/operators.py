@@ -554,8 +554,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         """What the task log tells of each status: an array's counts as they change, each
         requeue of an app."""
         counts = CountsLog(self.log)
-        requeue = self._cfg().get("max_requeues")
-        attempts = AttemptsLog(self.log, requeue if isinstance(requeue, int) else None)
+        requeue = str(self._cfg().get("max_requeues"))
+        attempts = AttemptsLog(self.log, int(requeue) if requeue.isdigit() else None)
 
         def told(status: AppStatus) -> None:
             counts(status)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tests.deploy.airflow.airflow_api import (
     restart_triggerer,
 )
 from tests.helpers import wait_until
+from tests.integration.slurm.slurm_clusters import preempt_node
 from tests.services import REMOTE_DIR, docker_problem, require, slurm_problem, slurm_remote_problem
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(600)]
@@ -404,3 +406,59 @@ def test_reschedule_sensor_completes_across_scheduler_loops(
     assert run.xcom("wait") == "SUCCEEDED"
     for k in (0, 1):
         assert run.job_lines("wait", f"job/{k} ") == expected(k, 1, 3)
+
+
+# -- requeue ----------------------------------------------------------------------------------
+
+# the first attempt runs until preempted; a requeued one ends at once
+PREEMPTIBLE = (
+    '[ "$SHIPYARD_ATTEMPT" -ge 1 ] && { echo "resumed"; exit 0; };'
+    ' echo "attempt $SHIPYARD_ATTEMPT"; while :; do sleep 0.2; done'
+)
+
+
+def _running_node(run: Run) -> str:
+    """The node the run's Slurm job runs on, once it runs."""
+    job_id = str(wait_until(lambda: _submitted(run), 120, "the submit"))
+
+    def node() -> str:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-t", "RUNNING", "-o", "%N"],
+            capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        return out.strip()
+
+    return str(wait_until(node, 120, f"job {job_id} to run"))
+
+
+def _submitted(run: Run) -> str | None:
+    """The job's id (its ``app_id`` XCom, pushed as it is submitted), once there."""
+    try:
+        return str(run.xcom("job", "app_id"))
+    except Exception:  # (404 until then)
+        return None
+
+
+@pytest.mark.parametrize("requeues", [0, 1])
+def test_a_preempted_slurm_job_is_requeued_or_fails_preempted(
+    airflow_api: AirflowAPI, requeues: int
+) -> None:
+    require("slurm", slurm_problem())
+    conf = {"name": unique("preempt"), "script": PREEMPTIBLE, "max_requeues": requeues}
+    run = airflow_api.trigger("shipyard_deploy_slurm_requeue", conf)
+    node = _running_node(run)
+    wait_until(lambda: run.job_lines("job", "job/0 ") == ["job/0 attempt 0"], 120, "attempt 0")
+    preempt_node(node)
+    if requeues == 0:
+        assert run.wait() == "failed"
+        assert (run.xcom("job", "state"), run.xcom("job", "reason")) == ("FAILED", "preempted")
+        return
+    assert run.wait() == "success", run.log_events("job")[-20:]
+    assert run.xcom("job", "attempts") == [
+        {"number": 0, "state": "PREEMPTED", "reason": "preempted", "nodes": node}
+    ]
+    told = (
+        f"attempt 0 ended: PREEMPTED (preempted) on {node}; requeued as attempt 1 (max_requeues 1)"
+    )
+    assert told in run.log_events("job")
+    assert run.job_lines("job", "job/0 ") == ["job/0 attempt 0", "job/0 resumed"]

@@ -48,6 +48,14 @@ def wait(pred: Callable[[], Any], timeout: float = 90, what: str = "condition") 
         delay = min(delay * 2, 0.5)
 
 
+def preempt_node(node: str) -> None:
+    """Preempts what runs on ``node``: a short job of the high-priority partition ``urgent``
+    that needs the whole node, submitted as the cluster's administrator."""
+    argv = ["sbatch", "--parsable", "-p", "urgent", "-w", node, "-c", "2", "-o", "/dev/null"]
+    p = subprocess.run([*argv, "--wrap", "sleep 1"], env=_ADMIN_ENV, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr  # (it ends by itself within seconds)
+
+
 class Cluster:
     """A scheduler for the test, the cluster it goes to, and clean-up of every job it
     submitted."""
@@ -60,15 +68,6 @@ class Cluster:
         #: a Python the job can run (the venv's lives under /root where hpcuser cannot go)
         self.python = "/usr/bin/python3" if self.name else os.environ.get("PYTHON", "python3")
         self.jobs: list[str] = []
-
-    def preempt(self, node: str) -> None:
-        """Preempts what runs on ``node``: a short job of the high-priority partition
-        ``urgent`` that needs the whole node, submitted as the cluster's administrator."""
-        argv = ["sbatch", "--parsable", "-p", "urgent", "-w", node, "-c", "2", "-o", "/dev/null"]
-        p = subprocess.run(
-            [*argv, "--wrap", "sleep 1"], env=_ADMIN_ENV, capture_output=True, text=True
-        )
-        assert p.returncode == 0, p.stderr  # (it ends by itself within seconds)
 
     @property
     def remote(self) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from core.specs import AppDef, AppState, Resource, Role
-from tests.integration.slurm.slurm_clusters import Cluster, make_cluster, wait
+from tests.integration.slurm.slurm_clusters import Cluster, make_cluster, preempt_node, wait
 
 
 @pytest.fixture(params=["local", "ssh", "rest"])
@@ -59,7 +59,7 @@ def _preempt_after(cluster: Cluster, app_id: str, ckpt: Path, steps: int, attemp
     )
     desc = cluster.sched.describe(app_id)
     assert desc is not None and desc.state == AppState.RUNNING and desc.num_restarts == attempt
-    cluster.preempt(desc.roles_statuses[0].replicas[0].hostname)
+    preempt_node(desc.roles_statuses[0].replicas[0].hostname)
 
 
 def test_a_job_preempted_twice_resumes_and_does_every_step_once(cluster: Cluster) -> None:

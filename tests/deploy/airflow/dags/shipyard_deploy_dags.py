@@ -170,3 +170,33 @@ with DAG(
         poll_interval=0.5,
         execution_timeout=timedelta(minutes=10),
     )
+
+# A Slurm job of one replica taking a whole node (an urgent job there preempts it), requeued
+# up to the run's max_requeues times.
+with DAG(
+    dag_id="shipyard_deploy_slurm_requeue",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params={**PARAMS, "max_requeues": 0},
+    render_template_as_native_obj=True,
+    tags=["shipyard", "deploy-test"],
+):
+    ShipyardOperator(
+        task_id="job",
+        app={
+            "name": "{{ params.name }}",
+            "roles": [
+                {
+                    "name": "job",
+                    "entrypoint": "sh",
+                    "args": ["-c", "{{ params.script }}"],
+                    "resource": {"cpu": 2, "gpu": 0, "memMB": 512},
+                }
+            ],
+        },
+        scheduler="slurm",
+        cfg={"max_requeues": "{{ params.max_requeues }}"},
+        poll_interval=0.5,
+        execution_timeout=timedelta(minutes=10),
+    )
