@@ -5,6 +5,7 @@ backend."""
 from __future__ import annotations
 
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from prefect import flow
 
 from core.runner import get_runner
-from core.specs import AppDef, AppState, Role
+from core.specs import AppDef, AppState, Resource, Role
 from prefect_tasks import get_job_result, run_job, submit_job, wait_for_job
 from tests.helpers import ROOT, wait_until
 from tests.integration.prefect.helpers import DEADLINE, flow_run_logs
@@ -153,6 +154,54 @@ def test_task_timeout_cancels_a_slurm_job(name: str, slurm_dir: Path) -> None:
         ["squeue", "-h", "-n", name, "-o", "%i %T"], capture_output=True, text=True, check=True
     )
     assert queued.stdout.strip() == "", queued.stdout
+
+
+# the first attempt runs until preempted (its node taken by an urgent job); a requeued one ends
+PREEMPTIBLE = (
+    '[ "$SHIPYARD_ATTEMPT" -ge 1 ] && { echo "resumed"; exit 0; };'
+    ' echo "attempt $SHIPYARD_ATTEMPT"; while :; do sleep 0.2; done'
+)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("requeues", [0, 1])
+def test_a_preempted_slurm_job_is_requeued_or_fails_preempted(
+    name: str, slurm_dir: Path, requeues: int
+) -> None:
+    from tests.integration.slurm.slurm_clusters import preempt_node
+
+    app = AppDef(
+        name, [Role("w", entrypoint="sh", args=["-c", PREEMPTIBLE], resource=Resource(2, 0, 512))]
+    )
+    cfg = {"job_dir": str(slurm_dir / "job"), "max_requeues": requeues}
+
+    @flow
+    def preemptible() -> Any:
+        return wait_for_job(submit_job(app, "slurm", cfg), poll_interval=0.2)
+
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(preemptible, return_state=True)  # type: ignore[call-overload]
+
+        def node() -> str:
+            argv = ["squeue", "-h", "-t", "RUNNING", "-o", "%N %Z"]
+            out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            mine = [ln.split()[0] for ln in out.splitlines() if ln.endswith(cfg["job_dir"])]
+            return mine[0] if mine else ""
+
+        where = wait_until(node, DEADLINE, "the job to run")
+        preempt_node(where)
+        state = running.result(timeout=300)
+    logs = flow_run_logs(state.state_details.flow_run_id)
+    if requeues == 0:
+        assert state.is_failed() and "reason preempted" in (state.message or ""), state
+        return
+    assert state.is_completed(), state
+    told = f"attempt 0 ended: PREEMPTED (preempted) on {where}; requeued as attempt 1"
+    assert told in logs, logs
+    from tests.integration.prefect.test_outcome import _artifacts
+
+    tables = [a for a in _artifacts(state.state_details.flow_run_id) if a.type == "table"]
+    assert any("attempts before the last" in (t.description or "") for t in tables), tables
 
 
 # --------------------------------------------------------------------------------------------
