@@ -607,8 +607,7 @@ class Attempt:
 
     def format(self) -> str:
         """One line: ``attempt 0: PREEMPTED (preempted) on node2``."""
-        why = f" ({self.reason})" if self.reason else ""
-        where = f" on {self.nodes}" if self.nodes else ""
+        why, where = f" ({self.reason})" * bool(self.reason), f" on {self.nodes}" * bool(self.nodes)
         return f"attempt {self.number}: {self.state}{why}{where}"
 
 
