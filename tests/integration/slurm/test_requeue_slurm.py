@@ -10,12 +10,16 @@ the steps of a requeued or preempted job get SIGTERM and KillWait seconds), resu
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from core.specs import AppDef, AppState, Resource, Role
+from core.specs import AppDef, AppState, Resource, Role, make_app_handle
+from tests.integration.local.test_cli import SHIPYARD
 from tests.integration.slurm.slurm_clusters import Cluster, make_cluster, preempt_node, wait
 
 
@@ -45,6 +49,14 @@ echo "$n" >"$d/counter"
 
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def _status_json(app_id: str) -> dict[str, Any]:
+    """``shipyard status --json`` of the app, as a user runs it."""
+    handle = make_app_handle("slurm", "test", app_id)
+    p = subprocess.run([SHIPYARD, "status", "--json", handle], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)  # type: ignore[no-any-return]
 
 
 def _preempt_after(cluster: Cluster, app_id: str, ckpt: Path, steps: int, attempt: int) -> None:
@@ -82,6 +94,12 @@ def test_a_job_preempted_twice_resumes_and_does_every_step_once(cluster: Cluster
         (0, "PREEMPTED", "preempted", nodes[0]),
         (1, "PREEMPTED", "preempted", nodes[1]),
     ]
+    status = _status_json(app_id)
+    assert status["state"] == "SUCCEEDED" and status["num_restarts"] == 2
+    assert [(a["number"], a["reason"]) for a in status["attempts"]] == [
+        (0, "preempted"),
+        (1, "preempted"),
+    ]
 
 
 @pytest.mark.parametrize("cluster", ["local", "rest"], indirect=True)
@@ -93,6 +111,8 @@ def test_a_preempted_job_without_requeues_ends_preempted(cluster: Cluster) -> No
     desc = cluster.wait_done(app_id)
     assert (desc.state, desc.reason, desc.num_restarts) == (AppState.FAILED, "preempted", 0)
     assert "PREEMPTED" in desc.msg
+    status = _status_json(app_id)
+    assert (status["state"], status["reason"], status["attempts"]) == ("FAILED", "preempted", [])
     assert int(_lines(ckpt / "counter")[0]) == len(_lines(ckpt / "steps"))  # saved on SIGTERM
 
 
@@ -107,11 +127,13 @@ def test_requeue_on_timeout_requeues_before_the_limit_and_resumes(cluster: Clust
         "max_requeues": 1,
         "requeue_on_timeout": True,
     }
-    app_id = cluster.submit(_training(150), cfg)
+    # 300 steps (~63 s): more than the first attempt can do before its requeue (30 s after a
+    # warning that Slurm sends 0-20 s in), less than what the second can do before its limit
+    app_id = cluster.submit(_training(300), cfg)
     ckpt = path / f"shipyard-checkpoint-{cluster.job_id(app_id)}"
     desc = cluster.wait_done(app_id, timeout=300)
     assert desc.state == AppState.SUCCEEDED and desc.num_restarts == 1, desc
-    assert _lines(ckpt / "steps") == [str(i) for i in range(150)]
+    assert _lines(ckpt / "steps") == [str(i) for i in range(300)]
     assert [a.split()[0] for a in _lines(ckpt / "attempts")] == ["0", "1"]
     assert [(a.number, a.state) for a in desc.attempts] == [(0, "REQUEUED")]
     err = (path / f"slurm-{cluster.job_id(app_id)}.out").read_text()

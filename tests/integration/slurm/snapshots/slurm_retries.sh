@@ -4,7 +4,7 @@
 # Submit with: sbatch --parsable <this file>
 # Logs: slurm-<job id>-<role>-<replica id>.out and .err in the job's directory.
 #
-#SBATCH --job-name=worker-0 --ntasks=1 --partition=tiny --comment="mine shipyard-key=sha256-000e0ef2a2e022e21cb87108a3960a5122cc0f3f" --cpus-per-task=1 --requeue
+#SBATCH --job-name=worker-0 --ntasks=1 --partition=tiny --comment="mine shipyard-key=sha256-000e0ef2a2e022e21cb87108a3960a5122cc0f3f" --cpus-per-task=1 --requeue --open-mode=append
 
 export PYTHONUNBUFFERED=1
 export SLURM_UNBUFFEREDIO=1
