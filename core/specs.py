@@ -607,8 +607,8 @@ class Attempt:
 
     def format(self) -> str:
         """One line: ``attempt 0: PREEMPTED (preempted) on node2``."""
-        why, where = f" ({self.reason})" * bool(self.reason), f" on {self.nodes}" * bool(self.nodes)
-        return f"attempt {self.number}: {self.state}{why}{where}"
+        text = f"attempt {self.number}: {self.state}" + (f" ({self.reason})" if self.reason else "")
+        return text + (f" on {self.nodes}" if self.nodes else "")
 
 
 @dataclass
