@@ -171,3 +171,19 @@ def test_time_and_time_limit_together_are_refused() -> None:
     app = AppDef("ckpt", [Role("w", entrypoint="true")])
     with pytest.raises(ValueError, match="cfg.time_limit, cfg.time: expected one of them"):
         SlurmScheduler("s").submit_dryrun(app, {"time": "10", "time_limit": "10m"})
+
+
+def test_over_slurmrestd_the_job_turns_its_own_requeue_off() -> None:
+    # (slurmrestd's v0.0.38 API ignores requeue: false; the CLI's --no-requeue is enough)
+    from core.schedulers.slurm import rest_v0038
+
+    plain = SlurmScheduler("s").submit_dryrun(AppDef("a", [Role("w", entrypoint="true")]), {})
+    body = rest_v0038.submission(plain.request, "/w", hold=False, env={})
+    assert body["job"]["requeue"] is False
+    assert 'scontrol update JobId="$SLURM_JOB_ID" Requeue=0' in body["script"]
+    assert "Requeue=0" not in plain.request.materialize()  # (sbatch --no-requeue: no call)
+    asked = SlurmScheduler("s").submit_dryrun(
+        AppDef("a", [Role("w", entrypoint="true")]), {"max_requeues": 2}
+    )
+    body = rest_v0038.submission(asked.request, "/w", hold=False, env={})
+    assert body["job"]["requeue"] is True and "-ge 2 ]" in body["script"]
