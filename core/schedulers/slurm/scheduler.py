@@ -694,9 +694,13 @@ def _describe_jobs(
     ]
     # (a running requeued job's earlier attempts: read once per requeue)
     listing = [
-        a for a in ids if a in found and a not in need and _attempts_key(found[a]) not in attempts
+        a
+        for a in ids
+        if a in found
+        and a not in need
+        and found[a].restarts > 0
+        and _attempts_key(found[a]) not in attempts
     ]
-    listing = [a for a in listing if found[a].restarts > 0]
     acct = (client.accounting_jobs(need + listing) or {}) if need or listing else {}
     for a in listing:
         info = acct.get(a)

@@ -35,6 +35,21 @@ def flow_run_logs(flow_run_id: Any) -> list[str]:
     return [entry.message for entry in logs]
 
 
+def flow_run_artifacts(flow_run_id: Any) -> list[Any]:
+    """The artifacts of a flow run, from the API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return list(
+            client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+                )
+            )
+        )
+
+
 def task_runs(flow_run_id: Any) -> list[Any]:
     """The task runs of a flow run, from the API."""
     from prefect.client.orchestration import get_client

@@ -16,7 +16,7 @@ from core.runner import get_runner
 from core.specs import AppDef, AppState, Resource, Role
 from prefect_tasks import get_job_result, run_job, submit_job, wait_for_job
 from tests.helpers import ROOT, wait_until
-from tests.integration.prefect.helpers import DEADLINE, flow_run_logs
+from tests.integration.prefect.helpers import DEADLINE, flow_run_artifacts, flow_run_logs
 
 IMAGE = "shipyard-test/busybox:latest"
 
@@ -198,9 +198,7 @@ def test_a_preempted_slurm_job_is_requeued_or_fails_preempted(
     assert state.is_completed(), state
     told = f"attempt 0 ended: PREEMPTED (preempted) on {where}; requeued as attempt 1"
     assert told in logs, logs
-    from tests.integration.prefect.test_outcome import _artifacts
-
-    tables = [a for a in _artifacts(state.state_details.flow_run_id) if a.type == "table"]
+    tables = [a for a in flow_run_artifacts(state.state_details.flow_run_id) if a.type == "table"]
     assert any("attempts before the last" in (t.description or "") for t in tables), tables
 
 

@@ -20,27 +20,18 @@ from prefect_tasks import (
     wait_for_job,
     wait_for_job_async,
 )
-from tests.integration.prefect.helpers import apps_named, flow_run_logs, sh_app
+from tests.integration.prefect.helpers import (
+    apps_named,
+    flow_run_artifacts,
+    flow_run_logs,
+    sh_app,
+)
 
 WRITE = (
     "import json, os; r = int(os.environ['SHIPYARD_REPLICA_ID']);"
     " open(os.environ['SHIPYARD_RESULT_FILE'], 'w').write("
     "json.dumps({'rank': r}) if r == 0 else '{broken')"
 )
-
-
-def _artifacts(flow_run_id: Any) -> list[Any]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        return list(
-            client.read_artifacts(
-                artifact_filter=ArtifactFilter(
-                    flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
-                )
-            )
-        )
 
 
 def test_run_job_returns_the_results_and_reports_usage(name: str) -> None:
@@ -53,7 +44,7 @@ def test_run_job_returns_the_results_and_reports_usage(name: str) -> None:
     logs = flow_run_logs(state.state_details.flow_run_id)
     assert any(m.startswith("result: train/1: result file is not valid JSON") for m in logs), logs
     assert any(m.startswith("usage: train/0: wall ") for m in logs), logs
-    (table,) = [a for a in _artifacts(state.state_details.flow_run_id) if a.type == "table"]
+    (table,) = [a for a in flow_run_artifacts(state.state_details.flow_run_id) if a.type == "table"]
     assert f"Shipyard job {result.handle}" in (table.description or "")
     assert "train/0" in str(table.data) and "wall_time" in str(table.data)
 
@@ -69,7 +60,7 @@ def test_the_async_wait_makes_its_usage_artifact_too(name: str) -> None:
 
     state = asyncio.run(waits(return_state=True))  # type: ignore[call-overload]
     assert state.is_completed(), state
-    tables = [a for a in _artifacts(state.state_details.flow_run_id) if a.type == "table"]
+    tables = [a for a in flow_run_artifacts(state.state_details.flow_run_id) if a.type == "table"]
     assert len(tables) == 1 and "w/0" in str(tables[0].data), tables
 
 
