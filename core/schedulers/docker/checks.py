@@ -4,6 +4,8 @@ found without starting anything; every problem is reported, each naming its fiel
 - Every role's image on the engine or, as the ``pull`` policy says, to be had from its registry
   (asked with the client's credentials; nothing is pulled).
 - Bind sources and devices there.
+- ``/bin/sh`` in every role's image when the app has a ``time_limit`` (its script runs there:
+  see :mod:`.timelimit`).
 - Every role's entrypoint in its image (where the image has no ``ENTRYPOINT`` of its own, which
   would take the role's command as arguments): looked up in a container created from the image
   and never started (``get_archive`` reads a created container's filesystem), then removed;
@@ -26,10 +28,14 @@ __all__ = ["preflight"]
 _ENGINE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MODE_DIR = 1 << 31  # Go's fs.ModeDir, in get_archive's stat of a path
 _MODE_SYMLINK = 1 << 27  # fs.ModeSymlink
+SHELL = "/bin/sh"
 
 
-def preflight(api: Any, app: AppDef, pull: str = request.DEFAULT_PULL) -> list[Problem]:
-    """The problems of ``app`` on the engine of ``api`` (see the module docs)."""
+def preflight(
+    api: Any, app: AppDef, pull: str = request.DEFAULT_PULL, shell: bool = False
+) -> list[Problem]:
+    """The problems of ``app`` on the engine of ``api`` (see the module docs); ``shell``: the
+    replicas run under a time limit's ``/bin/sh`` script, which their images must have."""
     problems = []
     usable: dict[str, bool] = {}
     # roles sharing an image and an entrypoint (and PATH) share one lookup container
@@ -47,6 +53,12 @@ def preflight(api: Any, app: AppDef, pull: str = request.DEFAULT_PULL) -> list[P
             except ValueError as e:
                 field, _, msg = str(e).partition(": ")
                 problems.append(Problem(field, msg))
+        if shell and role.image and usable[role.image]:
+            key = (role.image, SHELL, None)
+            if key not in looked_up:
+                looked_up[key] = _shell_problem(api, role.image)
+            if looked_up[key]:
+                problems.append(Problem(f"{where}.image", str(looked_up[key])))
         if role.image and usable[role.image] and role.entrypoint:
             key = (role.image, role.entrypoint, role.env.get("PATH"))
             if key not in looked_up:
@@ -92,6 +104,26 @@ def _entrypoint_problem(api: Any, role: Role) -> str | None:
     if "directory" in found:
         return f"{entry!r} is a directory in image {role.image!r}"
     return f"{entry!r} does not exist in image {role.image!r}"
+
+
+def _shell_problem(api: Any, image: str) -> str | None:
+    """Why a time limit cannot be kept in ``image`` (None: it has ``/bin/sh``, or is not on
+    the engine yet)."""
+    from docker.errors import ImageNotFound
+
+    try:
+        cid = api.create_container(image, command=[SHELL], network_disabled=True)["Id"]
+    except ImageNotFound:
+        return None
+    try:
+        if _kind(api, cid, SHELL) == "executable":
+            return None
+    finally:
+        api.remove_container(cid, v=True, force=True)
+    return (
+        f"image {image!r} has no {SHELL}, which keeps a time_limit on {request.BACKEND}"
+        " (drop time_limit, or use an image with a shell)"
+    )
 
 
 def _kind(api: Any, cid: str, path: str) -> str | None:

@@ -39,11 +39,16 @@ LABEL_TOMBSTONE = "shipyard.tombstone"
 LABEL_STATE = "shipyard.state"
 LABEL_REPLICAS = "shipyard.replicas"
 LABEL_NUM_RESTARTS = "shipyard.num_restarts"
+LABEL_ATTEMPTS = "shipyard.attempts"
 LABEL_MSG = "shipyard.msg"
 LABEL_ENDED = "shipyard.ended"
 #: where a container's result file is (``$SHIPYARD_RESULT_FILE``), and whose are collected
 LABEL_RESULT_FILE = "shipyard.result_file"
 LABEL_RESULT_REPLICAS = "shipyard.result_replicas"
+#: seconds of a replica's time limit (it runs under the script of :mod:`.timelimit`)
+LABEL_TIME_LIMIT = "shipyard.time_limit"
+#: times the script starts a replica again at its time limit (requeue_on_timeout)
+LABEL_REQUEUES = "shipyard.requeues"
 #: a container's result file unless its role's env names another
 RESULT_PATH = "/shipyard-result.json"
 
@@ -96,12 +101,15 @@ class DockerJob:
     app_id: str
     containers: list[DockerContainer]
     pull: str = "missing"
+    #: the volume kept across the app's attempts ($SHIPYARD_CHECKPOINT_DIR), if it has one
+    checkpoint_volume: str | None = None
 
     def __str__(self) -> str:
         return json.dumps(
             {
                 "app_id": self.app_id,
                 "pull": self.pull,
+                **({"checkpoint_volume": self.checkpoint_volume} if self.checkpoint_volume else {}),
                 "containers": [
                     {"image": c.image, "command": c.command, "kwargs": c.kwargs}
                     for c in self.containers

@@ -13,6 +13,16 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TypedDict
 
+from core.limits import (
+    ATTEMPT_ENV,
+    CHECKPOINT_DIR_ENV,
+    Limits,
+    Requeue,
+    add_limit_opts,
+    add_requeue_opts,
+    limits_from_cfg,
+    requeue_from_cfg,
+)
 from core.reports import (
     RESULT_FILE_ENV,
     RESULT_REPLICAS_HELP,
@@ -31,6 +41,7 @@ from core.schedulers.docker.model import (
     LABEL_NUM_REPLICAS,
     LABEL_RECORD_RETENTION,
     LABEL_REPLICA_ID,
+    LABEL_REQUEUES,
     LABEL_RESULT_FILE,
     LABEL_RESULT_REPLICAS,
     LABEL_RETENTION,
@@ -39,6 +50,7 @@ from core.schedulers.docker.model import (
     LABEL_SESSION,
     LABEL_STOP_TIMEOUT,
     LABEL_SUBMITTED,
+    LABEL_TIME_LIMIT,
     LABEL_VERSION,
     RANK0_ENV,
     RESULT_PATH,
@@ -47,6 +59,7 @@ from core.schedulers.docker.model import (
     container_name,
     hostname,
 )
+from core.schedulers.docker.timelimit import CHECKPOINT_PATH, wrapper
 from core.specs import (
     AppDef,
     BindMount,
@@ -83,6 +96,11 @@ class DockerOpts(TypedDict, total=False):
     record_retention: int
     result_replicas: str
     pull: str
+    time_limit: str | None
+    checkpoint_signal: str | None
+    checkpoint_grace: float | None
+    max_requeues: int
+    requeue_on_timeout: bool
 
 
 # docker distribution's reference grammar (simplified): [registry[:port]/]path[:tag][@digest]
@@ -151,6 +169,8 @@ def run_opts() -> runopts:
     )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     opts.add("pull", type_=str, default=DEFAULT_PULL, help=PULL_HELP)
+    add_limit_opts(opts)
+    add_requeue_opts(opts)
     return opts
 
 
@@ -201,6 +221,7 @@ def _validate_cfg(cfg: Mapping[str, CfgVal]) -> None:
             )
     result_replicas(cfg.get(RESULT_REPLICAS_OPT))
     check_pull_policy(cfg.get("pull"))
+    requeue_from_cfg(cfg, limits_from_cfg(cfg))  # (raises naming the option)
     for name in ("stop_timeout", "retention", "record_retention"):
         value = cfg.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -277,6 +298,11 @@ def build_job(app: AppDef, cfg: Mapping[str, CfgVal], session_name: str) -> Dock
     """The containers of ``app``: one per replica, with its labels, environment and limits."""
     app_id = f"{app.name}-{secrets.token_hex(5)}"
     env = _base_env(cfg)
+    limits = limits_from_cfg(cfg)
+    requeue = requeue_from_cfg(cfg, limits)
+    checkpoint = (
+        f"{app_id}-checkpoint" if limits.time_limit is not None or requeue.max_requeues else None
+    )
     total = sum(role.num_replicas for role in app.roles)
     network = app_id if total > 1 else None
     common = _common_labels(app, cfg, session_name, app_id, network)
@@ -297,6 +323,8 @@ def build_job(app: AppDef, cfg: Mapping[str, CfgVal], session_name: str) -> Dock
                 "SHIPYARD_REPLICA_ID": str(replica_id),
                 "SHIPYARD_NUM_REPLICAS": str(role.num_replicas),
                 RANK0_ENV: rank0_host,
+                ATTEMPT_ENV: "0",
+                **({CHECKPOINT_DIR_ENV: CHECKPOINT_PATH} if checkpoint else {}),
             }
             result_file = replica_role.env.get(RESULT_FILE_ENV) or RESULT_PATH
             replica_env[RESULT_FILE_ENV] = result_file
@@ -311,9 +339,38 @@ def build_job(app: AppDef, cfg: Mapping[str, CfgVal], session_name: str) -> Dock
                 LABEL_RESULT_FILE: result_file,
                 LABEL_RESULT_REPLICAS: result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
             }
+            _add_limits(kwargs, role, limits, requeue, checkpoint)
             command = [replica_role.entrypoint, *replica_role.args]
             containers.append(DockerContainer(image=role.image, command=command, kwargs=kwargs))
-    return DockerJob(app_id, containers, pull=check_pull_policy(cfg.get("pull")))
+    pull = check_pull_policy(cfg.get("pull"))
+    return DockerJob(app_id, containers, pull=pull, checkpoint_volume=checkpoint)
+
+
+def _add_limits(
+    kwargs: dict[str, object],
+    role: Role,
+    limits: Limits,
+    requeue: Requeue,
+    checkpoint: str | None,
+) -> None:
+    """The checkpoint volume's mount, and a time limit's script (which also retries the
+    replica in place of the engine's restart policy: see :mod:`.timelimit`)."""
+    if checkpoint:
+        mount = {"Type": "volume", "Source": checkpoint, "Target": CHECKPOINT_PATH}
+        mounts = kwargs.setdefault("mounts", [])
+        assert isinstance(mounts, list)
+        mounts.append({**mount, "ReadOnly": False})
+    if limits.time_limit is None:
+        return
+    requeues = requeue.max_requeues if requeue.on_timeout else 0
+    stop = kwargs.get("stop_timeout")
+    kill_after = stop if isinstance(stop, int) else DEFAULT_STOP_TIMEOUT
+    kwargs["entrypoint"] = wrapper(limits, kill_after, role.max_retries, requeues)
+    kwargs.pop("restart_policy", None)
+    labels = kwargs["labels"]
+    assert isinstance(labels, dict)
+    labels[LABEL_TIME_LIMIT] = f"{limits.time_limit:g}"
+    labels[LABEL_REQUEUES] = str(requeues)
 
 
 def _base_env(cfg: Mapping[str, CfgVal]) -> dict[str, str]:

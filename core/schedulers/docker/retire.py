@@ -34,6 +34,7 @@ from core.schedulers.docker.model import (
     APP_LABELS,
     DEFAULT_RECORD_RETENTION,
     LABEL_APP_ID,
+    LABEL_ATTEMPTS,
     LABEL_ENDED,
     LABEL_MAX_RETRIES,
     LABEL_MSG,
@@ -46,6 +47,7 @@ from core.schedulers.docker.model import (
     LABEL_ROLE_NAME,
     LABEL_STATE,
     LABEL_SUBMITTED,
+    LABEL_TIME_LIMIT,
     LABEL_TOMBSTONE,
     RESULT_PATH,
     TOMBSTONE_PREFIX,
@@ -55,7 +57,7 @@ from core.schedulers.docker.model import (
 )
 from core.schedulers.docker.submit import remove_network, remove_records, stop_and_remove
 from core.schedulers.docker.usage import UsageBook
-from core.specs import AppState, is_terminal
+from core.specs import AppState, Attempt, is_terminal
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ def write_tombstone(
             LABEL_STATE: final.name,
             LABEL_REPLICAS: json.dumps(state.final_replicas(resp, final), separators=(",", ":")),
             LABEL_NUM_RESTARTS: str(max(resp.num_restarts, 0)),
+            LABEL_ATTEMPTS: json.dumps([a.to_json() for a in resp.attempts], separators=(",", ":")),
             LABEL_MSG: resp.msg,
             LABEL_ENDED: repr(time.time()),
         }
@@ -343,11 +346,15 @@ def _ended_at(api: Any, containers: state.Containers) -> float:
     return max((f for f in finished if f is not None), default=time.time())
 
 
-def _may_restart(containers: state.Containers, restarts: dict[str, int]) -> bool:
-    """Whether the engine may still restart a failed replica (its restart policy has tries left)."""
+def _may_restart(containers: state.Containers, restarts: dict[str, list[Attempt]]) -> bool:
+    """Whether the engine may still restart a failed replica (its restart policy has tries left;
+    a time limit's script retries within a running container)."""
     for c in containers:
-        retries = state.label_int((c.get("Labels") or {}).get(LABEL_MAX_RETRIES))
+        labels = c.get("Labels") or {}
+        retries = state.label_int(labels.get(LABEL_MAX_RETRIES))
         code = replica_state(c.get("State", ""), c.get("Status", ""))[1]
-        if retries and code not in (None, 0) and restarts.get(c["Id"], 0) < retries:
+        if labels.get(LABEL_TIME_LIMIT) or not retries or code in (None, 0):
+            continue
+        if len(restarts.get(c["Id"], [])) < retries:
             return True
     return False

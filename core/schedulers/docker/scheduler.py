@@ -37,7 +37,7 @@ from core.schedulers.docker.model import (
     is_cancelling,
 )
 from core.schedulers.docker.usage import POLL_SAMPLES, UsageBook
-from core.specs import AppDef, AppDryRunInfo, AppState, CfgVal, is_terminal, runopts
+from core.specs import AppDef, AppDryRunInfo, AppState, Attempt, CfgVal, is_terminal, runopts
 from core.workspace import DockerWorkspaceMixin
 
 log = logging.getLogger(__name__)
@@ -234,8 +234,9 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             pull = request.check_pull_policy((dryrun_info.cfg or {}).get("pull"))
         except ValueError:
             pull = request.DEFAULT_PULL  # (the dry run reports it)
+        shell = bool((dryrun_info.cfg or {}).get("time_limit"))
         try:
-            return checks.preflight(self._api, app, pull)
+            return checks.preflight(self._api, app, pull, shell)
         except Exception as e:  # (the engine cannot be reached)
             return [Problem("scheduler", f"the Docker engine cannot be reached: {e}")]
 
@@ -262,7 +263,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         self._apply_usage(((out[a], grouped.get(a, [])) for a in app_ids), POLL_SAMPLES)
         return out
 
-    def _restarts(self, containers: state.Containers) -> dict[str, int]:
+    def _restarts(self, containers: state.Containers) -> dict[str, list[Attempt]]:
         return state.restart_counts(self._api, self._executor(), containers)
 
     def _sweep_if_ended(

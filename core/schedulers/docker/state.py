@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.schedulers.api import DescribeAppResponse
+from core.schedulers.docker import timelimit
 from core.schedulers.docker.model import (
     LABEL_APP_ID,
+    LABEL_ATTEMPTS,
     LABEL_CLAIM,
     LABEL_DEADLINE,
     LABEL_MAX_RETRIES,
@@ -26,9 +28,11 @@ from core.schedulers.docker.model import (
     LABEL_NUM_RESTARTS,
     LABEL_REPLICA_ID,
     LABEL_REPLICAS,
+    LABEL_REQUEUES,
     LABEL_ROLE_NAME,
     LABEL_ROLES,
     LABEL_STATE,
+    LABEL_TIME_LIMIT,
     LABEL_TOMBSTONE,
     hostname,
     is_cancelling,
@@ -37,6 +41,8 @@ from core.schedulers.docker.model import (
 from core.specs import (
     NONE,
     AppState,
+    Attempt,
+    Reason,
     ReplicaStatus,
     ResourceUsage,
     RetryPolicy,
@@ -87,30 +93,43 @@ def by_app(containers: Containers) -> dict[str, Containers]:
     return out
 
 
-def restart_counts(api: Any, pool: ThreadPoolExecutor, containers: Containers) -> dict[str, int]:
-    """RestartCount of the containers that may restart (the list call does not carry it)."""
+def restart_counts(
+    api: Any, pool: ThreadPoolExecutor, containers: Containers
+) -> dict[str, list[Attempt]]:
+    """The attempts each container that may have started again ended (its ``RestartCount`` of
+    the engine, or the record of its time limit's script: see :mod:`.timelimit`); the list
+    call carries neither."""
     from docker.errors import NotFound
 
-    ids = [
-        c["Id"] for c in containers if label_int((c.get("Labels") or {}).get(LABEL_MAX_RETRIES)) > 0
-    ]
+    def may_restart(c: Mapping[str, Any]) -> bool:
+        labels = c.get("Labels") or {}
+        return (
+            label_int(labels.get(LABEL_MAX_RETRIES)) > 0
+            or label_int(labels.get(LABEL_REQUEUES)) > 0
+        )
 
-    def count(cid: str) -> int:
+    def attempts(c: Mapping[str, Any]) -> list[Attempt]:
+        labels = c.get("Labels") or {}
+        host = hostname(labels.get(LABEL_ROLE_NAME, ""), label_int(labels.get(LABEL_REPLICA_ID)))
+        if labels.get(LABEL_TIME_LIMIT):
+            return timelimit.read_attempts(api, c["Id"], host)
         try:
-            return int(api.inspect_container(cid).get("RestartCount") or 0)
+            n = int(api.inspect_container(c["Id"]).get("RestartCount") or 0)
         except NotFound:
-            return 0
+            n = 0
+        return [Attempt(i, AppState.FAILED.name, Reason.EXIT_CODE, host) for i in range(n)]
 
-    if len(ids) <= 1:
-        return {cid: count(cid) for cid in ids}
-    return dict(zip(ids, pool.map(count, ids), strict=True))
+    chosen = [c for c in containers if may_restart(c)]
+    if len(chosen) <= 1:
+        return {c["Id"]: attempts(c) for c in chosen}
+    return {c["Id"]: a for c, a in zip(chosen, pool.map(attempts, chosen), strict=True)}
 
 
 def resolve(
     app_id: str,
     containers: Containers,
     records: Callable[[], Records],
-    restarts: Callable[[Containers], dict[str, int]],
+    restarts: Callable[[Containers], dict[str, list[Attempt]]],
     now: float,
 ) -> DescribeAppResponse | None:
     """The app's response from its containers; from its tombstone when it has none left, is
@@ -132,14 +151,19 @@ def resolve(
 
 
 def summarize(
-    app_id: str, containers: Containers, restarts: dict[str, int], now: float
+    app_id: str, containers: Containers, restarts: dict[str, list[Attempt]], now: float
 ) -> tuple[DescribeAppResponse, bool]:
-    """The response from an app's containers, and whether every replica has its container."""
+    """The response from an app's containers, and whether every replica has its container.
+    Its ``attempts`` are those of its first replica, where a time limit's script runs it."""
     role_specs = _role_specs(containers[0].get("Labels") or {})
     found = {}
     msgs: list[str] = []
+    attempts: list[Attempt] = []
     for c in containers:
-        status = _replica(c, restarts.get(c["Id"], 0), msgs)
+        status = _replica(c, len(restarts.get(c["Id"], [])), msgs)
+        if status is not None and status.id == 0 and (c.get("Labels") or {}).get(LABEL_TIME_LIMIT):
+            if not role_specs or status.role == role_specs[0].get("name"):
+                attempts = restarts.get(c["Id"], [])
         if status is not None:
             found[(status.role, status.id)] = status
     roles_statuses, roles, missing = _roles(role_specs, found)
@@ -159,7 +183,8 @@ def summarize(
     resp = DescribeAppResponse(
         app_id=app_id,
         state=state,
-        num_restarts=max(restarts.values(), default=0),
+        num_restarts=max((len(a) for a in restarts.values()), default=0),
+        attempts=attempts,
         msg="; ".join(msgs) if msgs else NONE,
         roles_statuses=roles_statuses,
         roles=roles,
@@ -180,7 +205,13 @@ def _replica(c: Mapping[str, Any], restarts: int, msgs: list[str]) -> ReplicaSta
     status = ReplicaStatus(
         id=rid, state=state, role=role, hostname=hostname(role, rid), exit_code=code
     )
-    if state == AppState.FAILED:
+    limit = labels.get(LABEL_TIME_LIMIT)
+    if state == AppState.FAILED and limit and code == timelimit.TIMEOUT_CODE:
+        status.reason = Reason.TIMEOUT
+        what = f"reached its time limit of {limit}s"
+        msgs.append(f"{role}/{rid} {what}")
+        status.structured_error_msg = json.dumps({"message": msgs[-1], "exit_code": code})
+    elif state == AppState.FAILED:
         what = f"exited with code {code}" if code is not None else "died"
         more = f" after {restarts} restart(s)" if restarts else ""
         status.structured_error_msg = json.dumps(
@@ -253,6 +284,7 @@ def from_tombstone(app_id: str, labels: Labels) -> DescribeAppResponse:
                 hostname(r["role"], rid),
                 exit_code=r.get("exit_code"),
                 usage=ResourceUsage.from_json(r["usage"]) if r.get("usage") else None,
+                reason=r.get("reason"),
             )
         )
     for rs in by_role.values():
@@ -262,10 +294,18 @@ def from_tombstone(app_id: str, labels: Labels) -> DescribeAppResponse:
         app_id=app_id,
         state=state,
         num_restarts=label_int(labels.get(LABEL_NUM_RESTARTS)),
+        attempts=_attempts(labels),
         msg="; ".join([p for p in parts if p and p != NONE] + ["containers and network removed"]),
         roles_statuses=list(by_role.values()),
         roles=[_role(s, label_int(s.get("num_replicas")) or 1) for s in role_specs],
     )
+
+
+def _attempts(labels: Labels) -> list[Attempt]:
+    try:
+        return [Attempt(**a) for a in json.loads(labels.get(LABEL_ATTEMPTS) or "[]")]
+    except (ValueError, TypeError):
+        return []
 
 
 def from_claim(app_id: str, labels: Labels, now: float) -> DescribeAppResponse:
@@ -300,6 +340,7 @@ def final_replicas(resp: DescribeAppResponse, default: AppState) -> list[dict[st
             "id": r.id,
             "state": (r.state if is_terminal(r.state) else default).name,
             "exit_code": r.exit_code,
+            **({"reason": r.reason} if r.reason else {}),
             **({"usage": r.usage.to_json()} if r.usage is not None else {}),
         }
         for rs in resp.roles_statuses

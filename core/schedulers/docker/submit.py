@@ -45,7 +45,7 @@ _HOST_CONFIG_KEYS = (
     "restart_policy",
 )
 #: ... and those that go to ``create_container`` itself
-_CREATE_KEYS = ("name", "hostname", "environment", "labels", "stop_timeout")
+_CREATE_KEYS = ("name", "hostname", "environment", "labels", "stop_timeout", "entrypoint")
 #: an extra second of grace per container of a submission, on top of SUBMIT_GRACE
 _GRACE_PER_CONTAINER = 1.0
 
@@ -77,7 +77,11 @@ def create_args(api: Any, container: DockerContainer) -> dict[str, Any]:
             }
         )
     args["host_config"] = api.create_host_config(**host)
-    return {"image": container.image, "command": list(container.command), **args}
+    command = list(container.command)
+    if "entrypoint" in kw:  # (a script runs the command: the image's entrypoint is part of it)
+        config = api.inspect_image(container.image).get("Config") or {}
+        command = [*(config.get("Entrypoint") or []), *command]
+    return {"image": container.image, "command": command, **args}
 
 
 def submit_deadline(job: DockerJob) -> float:
@@ -135,6 +139,9 @@ def start_job(
                 driver="bridge",
                 labels={LABEL_VERSION: "1", LABEL_SESSION: session, LABEL_APP_ID: job.app_id},
             )
+        if job.checkpoint_volume:
+            labels = {LABEL_VERSION: "1", LABEL_SESSION: session, LABEL_APP_ID: job.app_id}
+            api.create_volume(name=job.checkpoint_volume, driver="local", labels=labels)
         for cid in parallel(
             pool, lambda c: api.create_container(**create_args(api, c))["Id"], job.containers
         ):
@@ -175,6 +182,13 @@ def _remove_partial(api: Any, job: DockerJob) -> None:
             log.warning("could not remove container %s", c.kwargs["name"], exc_info=True)
     if job.network:
         remove_network(api, job.network)
+    if job.checkpoint_volume:
+        try:
+            api.remove_volume(job.checkpoint_volume, force=True)
+        except NotFound:
+            pass
+        except Exception:
+            log.warning("could not remove volume %s", job.checkpoint_volume, exc_info=True)
 
 
 def _submit_error(job: DockerJob, e: BaseException) -> BaseException:
