@@ -40,6 +40,7 @@ def preflight(
     usable: dict[str, bool] = {}
     # roles sharing an image and an entrypoint (and PATH) share one lookup container
     looked_up: dict[tuple[str, str, str | None], str | None] = {}
+    shells: dict[str, str | None] = {}
     for i, role in enumerate(app.roles):
         where = f"roles[{i}]"
         if role.image and role.image not in usable:
@@ -54,11 +55,10 @@ def preflight(
                 field, _, msg = str(e).partition(": ")
                 problems.append(Problem(field, msg))
         if shell and role.image and usable[role.image]:
-            key = (role.image, SHELL, None)
-            if key not in looked_up:
-                looked_up[key] = _shell_problem(api, role.image)
-            if looked_up[key]:
-                problems.append(Problem(f"{where}.image", str(looked_up[key])))
+            if role.image not in shells:
+                shells[role.image] = _shell_problem(api, role.image)
+            if shells[role.image]:
+                problems.append(Problem(f"{where}.image", str(shells[role.image])))
         if role.image and usable[role.image] and role.entrypoint:
             key = (role.image, role.entrypoint, role.env.get("PATH"))
             if key not in looked_up:
