@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from core.errors import ShipyardError
 from core.options import runopts
-from core.specs import CfgVal
+from core.specs import Attempt, CfgVal, Reason
 
 __all__ = [
     "ATTEMPT_ENV",
@@ -25,14 +25,18 @@ __all__ = [
     "CHECKPOINT_GRACE_OPT",
     "CHECKPOINT_SIGNAL_OPT",
     "TIME_LIMIT_OPT",
+    "LIMIT_SCRIPT",
     "Limits",
     "LimitsError",
     "MAX_REQUEUES_OPT",
     "REQUEUE_ON_TIMEOUT_OPT",
     "Requeue",
+    "TIMEOUT_CODE",
     "add_limit_opts",
     "add_requeue_opts",
+    "limit_command",
     "limits_from_cfg",
+    "parse_attempts",
     "parse_duration",
     "requeue_from_cfg",
 ]
@@ -242,3 +246,100 @@ def add_requeue_opts(opts: runopts) -> None:
         help="requeue (within max_requeues) an app that reaches its time_limit, shortly before"
         " the limit and after checkpoint_signal",
     )
+
+
+# -- a replica's time limit kept by a script -----------------------------------------------------
+
+#: the exit code of a replica whose command the limit script ended (as GNU ``timeout``'s)
+TIMEOUT_CODE = 124
+
+#: Where nothing else keeps a replica's time limit (Docker; local apps with
+#: ``requeue_on_timeout``), this ``/bin/sh`` script runs its command: the checkpoint signal
+#: ``checkpoint_grace`` seconds before the limit, SIGTERM at it (SIGKILL later), counted from
+#: the start of each attempt; SIGTERM to the script (a cancel, ``docker stop``) reaches the
+#: command too. A command the limit ended starts again while ``requeues`` allows it
+#: (``$SHIPYARD_ATTEMPT`` counting), else the script exits :data:`TIMEOUT_CODE`; a failed one
+#: starts again while ``retries`` allows it. Each attempt started again is a line of its record
+#: and of its stderr. Its arguments: the signal ('' for none), seconds to it, seconds from it
+#: to the limit, seconds from SIGTERM to SIGKILL, retries, requeues, the record; then the
+#: command. (A background command of a non-interactive shell starts with SIGINT and SIGQUIT
+#: ignored: those reach it only if it sets its own handler.)
+LIMIT_SCRIPT = f"""\
+sig=$1 at=$2 rest=$3 kill_after=$4 retries=$5 requeues=$6 record=$7
+shift 7
+attempt=0 retried=0 requeued=0 child= stopping= expired=
+stop() {{ stopping=1; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null; }}
+expire() {{ expired=1; kill -TERM "$child" 2>/dev/null; }}
+trap stop TERM INT HUP
+trap expire ALRM
+again() {{
+    echo "$attempt $1 $code" >>"$record" 2>/dev/null
+    echo "shipyard: attempt $attempt ended ($1, exit code $code); starting attempt \
+$((attempt + 1))" >&2
+    attempt=$((attempt + 1))
+}}
+while [ -z "$stopping" ]; do
+    expired=
+    {ATTEMPT_ENV}=$attempt
+    export {ATTEMPT_ENV}
+    "$@" &
+    child=$!
+    (
+        trap 'kill "$s" 2>/dev/null; exit 0' TERM
+        nap() {{ sleep "$1" & s=$!; wait "$s"; }}
+        nap "$at"
+        [ -z "$sig" ] || kill -s "$sig" "$child" 2>/dev/null
+        nap "$rest"
+        kill -s ALRM $$
+        nap "$kill_after"
+        kill -s KILL "$child" 2>/dev/null
+    ) &
+    timer=$!
+    while :; do
+        wait "$child"
+        code=$?
+        kill -0 "$child" 2>/dev/null || break
+    done
+    kill "$timer" 2>/dev/null
+    child=
+    [ -z "$stopping" ] || break
+    if [ -n "$expired" ]; then
+        [ "$requeued" -lt "$requeues" ] || exit {TIMEOUT_CODE}
+        requeued=$((requeued + 1))
+        again {Reason.TIMEOUT}
+    elif [ "$code" -ne 0 ] && [ "$retried" -lt "$retries" ]; then
+        retried=$((retried + 1))
+        again {Reason.EXIT_CODE}
+    else
+        exit "$code"
+    fi
+done
+exit "${{code:-143}}"
+"""
+
+
+def limit_command(
+    limits: Limits, kill_after: int, retries: int, requeues: int, record: str
+) -> list[str]:
+    """The command that runs a replica's command (which follows it) under ``limits`` (which
+    have a time limit): see :data:`LIMIT_SCRIPT`. ``record``: the file it notes each attempt
+    it starts again in ("NUMBER REASON EXIT_CODE", read by :func:`parse_attempts`)."""
+    assert limits.time_limit is not None
+    limit = max(1, math.ceil(limits.time_limit))
+    at = limit if limits.signal_at is None else max(0, math.floor(limits.signal_at))
+    sig = limits.signal or ""
+    counts = (at, limit - at, kill_after, retries, requeues)
+    return ["/bin/sh", "-c", LIMIT_SCRIPT, "shipyard-limit", sig, *map(str, counts), record]
+
+
+def parse_attempts(text: str, host: str = "") -> list[Attempt]:
+    """The attempts of a :func:`limit_command` record (lines it cannot read are skipped)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        reason = parts[1]
+        state = "TIMEOUT" if reason == Reason.TIMEOUT else "FAILED"
+        out.append(Attempt(int(parts[0]), state, reason, host))
+    return out

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.limits import TIMEOUT_CODE
 from core.schedulers.api import DescribeAppResponse
 from core.schedulers.docker import timelimit
 from core.schedulers.docker.model import (
@@ -206,7 +207,7 @@ def _replica(c: Mapping[str, Any], restarts: int, msgs: list[str]) -> ReplicaSta
         id=rid, state=state, role=role, hostname=hostname(role, rid), exit_code=code
     )
     limit = labels.get(LABEL_TIME_LIMIT)
-    if state == AppState.FAILED and limit and code == timelimit.TIMEOUT_CODE:
+    if state == AppState.FAILED and limit and code == TIMEOUT_CODE:
         status.reason = Reason.TIMEOUT
         what = f"reached its time limit of {limit}s"
         msgs.append(f"{role}/{rid} {what}")

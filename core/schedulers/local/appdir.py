@@ -106,6 +106,9 @@ class AppDir:
     #: signal before (see :mod:`core.limits`)
     TIMEOUT = "timeout"
     CHECKPOINT = "checkpoint_signal"
+    #: ``attempts.<g>``: the attempts replica ``g``'s limit script started again (see
+    #: :func:`core.limits.limit_command`)
+    ATTEMPTS = "attempts"
     DONE = "done"
     LOGS_DONE = "logs_done"
     LOCK = "collector.lock"

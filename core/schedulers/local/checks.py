@@ -17,7 +17,7 @@ from core.schedulers.local.images import ImageProvider
 from core.schedulers.local.options import LocalOpts, local_opts
 from core.specs import AppDryRunInfo, Role
 
-__all__ = ["gpu_demand", "preflight"]
+__all__ = ["gpu_demand", "host_gpu_count", "preflight"]
 
 
 def preflight(
@@ -113,3 +113,21 @@ def _dir_problems(path: str, field: str, creatable: bool, what: str = "directory
     if not os.access(probe, os.W_OK | os.X_OK):
         return [Problem(field, f"{what} {probe!r} is not writable")]
     return []
+
+
+def host_gpu_count() -> int:
+    """Number of GPUs on this host (``nvidia-smi -L``), 0 if none can be found."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    import subprocess
+
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return (
+        sum(1 for line in out.stdout.splitlines() if line.strip().startswith("GPU"))
+        if out.returncode == 0
+        else 0
+    )

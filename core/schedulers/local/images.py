@@ -59,6 +59,8 @@ class PopenRequest:
     result_replicas: str = "first"
     #: the app's time limit and checkpoint signal (see :mod:`core.limits`)
     limits: Limits = field(default_factory=Limits)
+    #: times each replica's limit script starts it again at the limit (None: no script)
+    requeues: int | None = None
 
     def __str__(self) -> str:
         lines = [f"app_id: {self.app_id}", f"log_dir: {self.log_dir}"]

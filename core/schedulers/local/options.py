@@ -10,14 +10,18 @@ from typing import TypedDict
 from core.limits import (
     CHECKPOINT_GRACE_OPT,
     CHECKPOINT_SIGNAL_OPT,
+    MAX_REQUEUES_OPT,
+    REQUEUE_ON_TIMEOUT_OPT,
     TIME_LIMIT_OPT,
     add_limit_opts,
+    add_requeue_opts,
     limits_from_cfg,
+    requeue_from_cfg,
 )
 from core.reports import RESULT_REPLICAS_HELP, RESULT_REPLICAS_OPT, result_replicas
 from core.specs import CfgVal, runopts
 
-__all__ = ["LocalOpts", "local_opts", "run_opts"]
+__all__ = ["LocalOpts", "local_opts", "requeues", "run_opts"]
 
 
 class LocalOpts(TypedDict, total=False):
@@ -33,6 +37,8 @@ class LocalOpts(TypedDict, total=False):
     time_limit: str | None
     checkpoint_signal: str | None
     checkpoint_grace: float | None
+    max_requeues: int
+    requeue_on_timeout: bool
 
 
 def run_opts() -> runopts:
@@ -56,6 +62,7 @@ def run_opts() -> runopts:
     )
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     add_limit_opts(opts)
+    add_requeue_opts(opts)
     return opts
 
 
@@ -78,10 +85,20 @@ def local_opts(cfg: Mapping[str, CfgVal]) -> LocalOpts:
     )
 
 
+def requeues(cfg: Mapping[str, CfgVal]) -> int | None:
+    """How often each replica's limit script starts it again at its time limit
+    (``requeue_on_timeout``; see :func:`core.limits.limit_command`); None: the app's watcher
+    keeps the limit, and nothing starts again."""
+    requeue = requeue_from_cfg(cfg, limits_from_cfg(cfg))
+    return requeue.max_requeues if requeue.on_timeout else None
+
+
 def _limit_opts(cfg: Mapping[str, CfgVal]) -> LocalOpts:
-    limits_from_cfg(cfg)  # (checked together: raises naming the option)
+    requeues(cfg)  # (checked together: raises naming the option)
     out: LocalOpts = {}
-    for key in (TIME_LIMIT_OPT, CHECKPOINT_SIGNAL_OPT, CHECKPOINT_GRACE_OPT):
+    keys = (TIME_LIMIT_OPT, CHECKPOINT_SIGNAL_OPT, CHECKPOINT_GRACE_OPT, MAX_REQUEUES_OPT,
+            REQUEUE_ON_TIMEOUT_OPT)  # fmt: skip
+    for key in keys:
         if cfg.get(key) is not None:
             out[key] = cfg[key]  # type: ignore[literal-required]
     return out

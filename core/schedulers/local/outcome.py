@@ -22,12 +22,22 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 
+from core.limits import parse_attempts
 from core.reports import MAX_RESULT_BYTES, ReplicaResult, oom_message, parse_result
 from core.schedulers.api import DescribeAppResponse
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.records import AppRecord, FinalState
 from core.schedulers.local.supervise import describe_code
-from core.specs import NONE, AppState, ReplicaStatus, Resource, ResourceUsage, Role, RoleStatus
+from core.specs import (
+    NONE,
+    AppState,
+    Attempt,
+    ReplicaStatus,
+    Resource,
+    ResourceUsage,
+    Role,
+    RoleStatus,
+)
 
 __all__ = [
     "EndedApps",
@@ -168,8 +178,11 @@ def apply_usage(resp: DescribeAppResponse, lines: Mapping[int, str], record: App
         resp.msg = "; ".join([*ooms, *([] if resp.msg in ("", "<NONE>") else [resp.msg])])
 
 
-def response(app_id: str, record: AppRecord, st: FinalState) -> DescribeAppResponse:
-    """The describe response of an app in state ``st``."""
+def response(
+    app_id: str, record: AppRecord, st: FinalState, app: AppDir | None = None
+) -> DescribeAppResponse:
+    """The describe response of an app in state ``st``; its attempts are those the limit
+    script of its first replica started again (``requeue_on_timeout``), read from ``app``."""
     statuses = {r.name: RoleStatus(r.name, []) for r in record.roles}
     for rep in record.replicas:
         code = st.codes[rep.index]
@@ -196,10 +209,17 @@ def response(app_id: str, record: AppRecord, st: FinalState) -> DescribeAppRespo
         state=AppState[st.state],
         num_restarts=0,
         reason=st.reason or None,
+        attempts=_attempts(app, record),
         msg=st.msg or NONE,
         roles_statuses=list(statuses.values()),
         roles=roles,
     )
+
+
+def _attempts(app: AppDir | None, record: AppRecord) -> list[Attempt]:
+    if app is None or record.requeues is None:
+        return []
+    return parse_attempts(app.read(f"{AppDir.ATTEMPTS}.0") or "", record.host)
 
 
 class EndedApps:

@@ -18,6 +18,9 @@ LOST = "lost"
 
 #: what :class:`AppRecord` JSON looks like; records of another version are not read
 RECORD_VERSION = 2
+#: the exit code of a replica its limit script ended (``core.limits.TIMEOUT_CODE``: this module
+#: imports no more than the standard library, for the log collector)
+SCRIPT_TIMEOUT = 124
 
 ExitCode = int | str | None  # an exit code, LOST, or None while running
 
@@ -75,6 +78,9 @@ class AppRecord:
     time_limit: float | None = None
     checkpoint_signal: str | None = None
     checkpoint_grace: float = 60.0
+    #: None: the app's watcher keeps ``time_limit``; a count: each replica's limit script does
+    #: (exit code :data:`SCRIPT_TIMEOUT`) and starts it again up to that many times
+    requeues: int | None = None
 
     def to_json(self) -> str:
         data = {**vars(self), "roles": [vars(r) for r in self.roles],

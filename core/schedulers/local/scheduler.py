@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from core.limits import ATTEMPT_ENV, CHECKPOINT_DIR_ENV, limits_from_cfg
+from core.limits import ATTEMPT_ENV, CHECKPOINT_DIR_ENV, limit_command, limits_from_cfg
 from core.reports import RESULT_FILE_ENV, Problem, ReplicaResult
 from core.schedulers.api import (
     DescribeAppResponse,
@@ -37,11 +37,11 @@ from core.schedulers.local.appdir import (
     ensure_apps_root,
 )
 from core.schedulers.local.background import BACKGROUND, start_collector
-from core.schedulers.local.checks import gpu_demand, preflight
+from core.schedulers.local.checks import gpu_demand, host_gpu_count, preflight
 from core.schedulers.local.collector import collect
 from core.schedulers.local.images import ImageProvider, PopenRequest, ReplicaParam
 from core.schedulers.local.logs import LogIterator
-from core.schedulers.local.options import LocalOpts, local_opts, run_opts
+from core.schedulers.local.options import LocalOpts, local_opts, requeues, run_opts
 from core.schedulers.local.outcome import EndedApps, apply_usage, read_results, response
 from core.schedulers.local.processes import DEFAULT_GRACE, MARKER_ENV, Identity, terminate
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
@@ -168,6 +168,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         provider = self._image_provider_class(opts)
         role_params: dict[str, list[ReplicaParam]] = {}
         base_size = environ_size(os.environb)
+        limits, again = limits_from_cfg(cfg), requeues(cfg)
         g = 0
         for i, role in enumerate(app.roles):
             img_root = provider.fetch_role(role)
@@ -180,6 +181,9 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 param.env[MARKER_ENV] = f"{app_id}:{g}"
                 param.env[RESULT_FILE_ENV] = adir.result_file(role.name, k)
                 param.env.update({ATTEMPT_ENV: "0", CHECKPOINT_DIR_ENV: adir.checkpoint_dir})
+                if again is not None:  # (the limit script keeps the limit, 0 retries)
+                    record = adir.file(f"{AppDir.ATTEMPTS}.{g}")
+                    param.args[:0] = limit_command(limits, int(DEFAULT_GRACE), 0, again, record)
                 check_command_size(param.args, param.env, f"roles[{i}]", base_size)
                 params.append(param)
                 g += 1
@@ -196,7 +200,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
             backend=self.backend,
             session_name=self.session_name,
             result_replicas=opts.get("result_replicas", "first"),
-            limits=limits_from_cfg(cfg),
+            limits=limits,
+            requeues=again,
         )
         return AppDryRunInfo(request, str)
 
@@ -323,6 +328,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 time_limit=request.limits.time_limit,
                 checkpoint_signal=request.limits.signal,
                 checkpoint_grace=request.limits.grace,
+                requeues=request.requeues,
             )
             try:
                 if not app.write_record(record):
@@ -383,14 +389,14 @@ class LocalScheduler(Scheduler[PopenRequest]):
         app, record = found
         known = self._ended.get(app_id)
         if known is not None:
-            resp = response(app_id, record, known[0])
+            resp = response(app_id, record, known[0], app)
             apply_usage(resp, known[1], record)
             return resp
         obs = observe(app, record)
         if obs is None:
             return None
         state = obs.done or self._settle(app, record, obs) or running_state(app, obs)
-        resp = response(app_id, record, state)
+        resp = response(app_id, record, state, app)
         # (a wrapper was reaped: usage is known)
         usages = app.usages() if AppDir.USAGE in obs.names else {}
         apply_usage(resp, usages, record)
@@ -539,7 +545,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
 
     def _get_gpu_device_count(self) -> int:
         """Number of GPUs on this host (``nvidia-smi -L``), 0 if none can be found."""
-        return _gpu_count()
+        return host_gpu_count()
 
     def _set_cuda_visible_devices(
         self, role_params: dict[str, builtins.list[ReplicaParam]], app: AppDef
@@ -745,24 +751,6 @@ def _replica_role(role: Role, values: macros.Values) -> Role:
     replica.args = list(role.args)
     replica.env = dict(role.env)
     return replica
-
-
-def _gpu_count() -> int:
-    """Number of GPUs on this host (``nvidia-smi -L``), 0 if none can be found."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    import subprocess
-
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return (
-        sum(1 for line in out.stdout.splitlines() if line.strip().startswith("GPU"))
-        if out.returncode == 0
-        else 0
-    )
 
 
 def _role_record(role: Role) -> RoleRecord:

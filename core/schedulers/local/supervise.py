@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.processes import Identity, terminate
-from core.schedulers.local.records import LOST, AppRecord, ExitCode, FinalState
+from core.schedulers.local.records import LOST, SCRIPT_TIMEOUT, AppRecord, ExitCode, FinalState
 
 __all__ = ["Observation", "final_state", "observe", "settle"]
 
@@ -128,7 +128,7 @@ def _limit(app: AppDir, record: AppRecord, obs: Observation, idents: dict[int, I
     it, SIGTERM to every running replica (as a cancel; SIGKILL follows after the grace).
     The first observer to mark each step acts. True if the limit was reached just now."""
     limit = record.time_limit
-    if limit is None or obs.cancelled or obs.timeout:
+    if limit is None or record.requeues is not None or obs.cancelled or obs.timeout:
         return False
     elapsed = time.time() - record.submit_time
     sig = record.checkpoint_signal
@@ -202,7 +202,7 @@ def final_state(app: AppDir, record: AppRecord, obs: Observation) -> FinalState:
     failed = obs.failed
     if obs.cancelled:
         return FinalState("CANCELLED", obs.codes, states, "cancelled", time.time())
-    if obs.timeout:
+    if obs.timeout or (record.requeues is not None and SCRIPT_TIMEOUT in obs.codes):
         return _timed_out(app, record, obs)
     if not failed:
         return FinalState("SUCCEEDED", obs.codes, states, "", time.time())

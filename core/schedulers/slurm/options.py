@@ -46,6 +46,7 @@ SlurmOpts = TypedDict(
         "checkpoint_grace": float | None,
         "max_requeues": int,
         "requeue_on_timeout": bool,
+        "exclude_failed_nodes": bool,
     },
     total=False,
 )
@@ -88,6 +89,13 @@ def run_opts() -> runopts:
     opts.add(RESULT_REPLICAS_OPT, type_=str, default="first", help=RESULT_REPLICAS_HELP)
     add_limit_opts(opts)
     add_requeue_opts(opts)
+    opts.add(
+        "exclude_failed_nodes",
+        type_=bool,
+        default=False,
+        help="keep a job requeued after a node failure (max_requeues) off the nodes that"
+        " failed, while a watch follows it (scontrol update ExcNodeList; not over slurmrestd)",
+    )
     return opts
 
 

@@ -226,6 +226,11 @@ class RestClient(SlurmClient):
         if payload.get("errors"):
             log.debug("comment of %s: %s", job_id, _describe(payload))
 
+    def exclude_nodes(self, job_id: str, nodes: str) -> None:
+        raise RuntimeError(
+            f"cluster {self.cluster.name!r}: slurmrestd's v0.0.38 API cannot exclude nodes"
+        )
+
     def partitions(self) -> tuple[dict[str, int], str | None]:
         parts = self._call("GET", f"{self.api.SLURM}/partitions")
         nodes = self._call("GET", f"{self.api.SLURM}/nodes")

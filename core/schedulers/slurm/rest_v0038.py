@@ -20,7 +20,7 @@ from core.schedulers.slurm.jobinfo import (
     expand_task_ids,
     task_app_id,
 )
-from core.schedulers.slurm.script import SlurmBatchRequest, SlurmReplicaRequest
+from core.schedulers.slurm.script import EXCLUDE_MARK, SlurmBatchRequest, SlurmReplicaRequest
 
 VERSION = "v0.0.38"
 SLURM = "/slurm/v0.0.38"
@@ -92,6 +92,11 @@ def submission(
         raise ValueError(
             "cfg.requeue_on_timeout: slurmrestd's v0.0.38 API cannot signal the batch shell,"
             " which requeues the job before its time limit; use the ssh or local transport"
+        )
+    if EXCLUDE_MARK in str(next(iter(req.replicas.values())).sbatch_opts.get("comment")):
+        raise ValueError(
+            "cfg.exclude_failed_nodes: slurmrestd's v0.0.38 API cannot change a job's excluded"
+            " nodes; use the ssh or local transport"
         )
     comps = [_component(r, workdir, env) for r in req.replicas.values()]
     if comps[0].get("requeue") is False:  # (v0.0.38 ignores it)

@@ -32,6 +32,7 @@ from core.schedulers.api import (
 from core.schedulers.slurm import checks, outcome
 from core.schedulers.slurm.jobinfo import JobInfo, app_state, task_ranges, to_response
 from core.schedulers.slurm.logs import TailChecks, read_lines
+from core.schedulers.slurm.nodefail import exclusion_comment, keep_off_failed_nodes
 from core.schedulers.slurm.options import SlurmOpts, run_opts, validate_options
 from core.schedulers.slurm.script import (
     RANK0_ENV,
@@ -106,6 +107,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         self._usage: dict[str, dict[str, Any]] = {}  # of ended jobs, once accounting has all
         #: by cluster: a requeued job's ended attempts, by (job id, restarts)
         self._attempts: dict[str | None, dict[tuple[str, int], list[Attempt]]] = {}
+        #: the (job, requeues) kept off their failed nodes, by cluster (see :mod:`.nodefail`)
+        self._kept_off: dict[str | None, set[tuple[str, int]]] = {}
         self._tails = TailChecks(self.describe_many, _tail_ended)
 
     # -- clusters ------------------------------------------------------------------------------
@@ -257,6 +260,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         nomem = self._nomem(app, cfg)
         job_cfg = dict(cfg)
         limits = limits_from_cfg(cfg)
+        requeue = requeue_from_cfg(cfg, limits)
+        job_cfg["comment"] = exclusion_comment(cfg, requeue.max_requeues) or cfg.get("comment")
         if limits.time_limit is not None:  # (Slurm keeps limits in whole minutes)
             job_cfg["time"] = str(math.ceil(limits.time_limit / 60))
         img_root = job_dir or self.default_dir(cluster) or os.getcwd()
@@ -267,7 +272,6 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                 replica_role = _replica_role(role, replica_id, img_root)
                 replicas[name] = SlurmReplicaRequest.from_role(name, replica_role, job_cfg, nomem)
         max_retries = max(role.max_retries for role in app.roles)
-        requeue = requeue_from_cfg(cfg, limits)
         first = next(iter(replicas.values()))
         # (explicit: a site's JobRequeue=1 would otherwise requeue a preempted job unasked)
         if max_retries or requeue.max_requeues:
@@ -434,7 +438,11 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         found: dict[str, JobInfo] = {}
         for cluster, ids in groups.items():
             attempts = self._attempts.setdefault(cluster, {})
-            for job_id, info in _describe_jobs(self.client(cluster), ids, attempts).items():
+            infos = _describe_jobs(self.client(cluster), ids, attempts)
+            keep_off_failed_nodes(
+                self.client(cluster), infos, self._kept_off.setdefault(cluster, set())
+            )
+            for job_id, info in infos.items():
                 app_id = _join(cluster, job_id)
                 found[app_id] = info
                 if info.workdir:

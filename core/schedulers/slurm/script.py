@@ -20,6 +20,7 @@ from core.reports import RESULT_FILE_ENV
 from core.specs import CfgVal, Role, macros
 
 __all__ = [
+    "EXCLUDE_MARK",
     "RANK0_ENV",
     "SBATCH_JOB_OPTIONS",
     "SlurmBatchRequest",
@@ -69,6 +70,8 @@ def result_dir_name(job_id: str) -> str:
 
 
 _KEY_MARK = "shipyard-key="
+#: the word in a job's comment that asks to keep its requeues off failed nodes (``.nodefail``)
+EXCLUDE_MARK = "shipyard-exclude-failed"
 _LOST_MARK = "shipyard-lost="
 _KEY_IN_COMMENT_RE = re.compile(r"(?:^|\s)shipyard-key=(\S+)")
 _SAFE_KEY_RE = re.compile(r"^[A-Za-z0-9_.:@+-]{1,100}$")

@@ -264,6 +264,10 @@ class SlurmClient(abc.ABC):
         """Replaces the job's comment."""
 
     @abc.abstractmethod
+    def exclude_nodes(self, job_id: str, nodes: str) -> None:
+        """Keeps a pending job off ``nodes`` (a Slurm node list)."""
+
+    @abc.abstractmethod
     def partitions(self) -> tuple[dict[str, int], str | None]:
         """Each partition's smallest node RealMemory (MB), and the default partition."""
 
@@ -367,6 +371,11 @@ class CommandClient(SlurmClient):
         p = self.shell.run(["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"])
         if p.returncode != 0:
             log.debug("scontrol update %s: %s", job_id, p.stderr.strip())
+
+    def exclude_nodes(self, job_id: str, nodes: str) -> None:
+        p = self.shell.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"])
+        if p.returncode != 0:
+            raise RuntimeError(f"scontrol update {job_id} ExcNodeList: {p.stderr.strip()}")
 
     def partitions(self) -> tuple[dict[str, int], str | None]:
         p = self.shell.run(["sinfo", "-h", "-o", f"%P{SEP}%m"], timeout=30)

@@ -76,9 +76,10 @@ def test_registered_as_local_cwd_and_local_dir() -> None:
 def test_run_opts_match_the_seed(sched: LocalScheduler) -> None:
     opts = sched.run_opts()
     # the seed's options, plus result_replicas (issue 19: whose results Runner.result reads)
-    # and the time limit's (issue 27)
+    # and the time limit's and requeue's (issue 27)
     seed = {"log_dir", "prepend_cwd", "auto_set_cuda_visible_devices"}
-    limits = {"time_limit", "checkpoint_signal", "checkpoint_grace"}
+    limits = {"time_limit", "checkpoint_signal", "checkpoint_grace", "max_requeues",
+              "requeue_on_timeout"}  # fmt: skip
     assert {name for name, _ in opts} == seed | {"result_replicas"} | limits
     assert opts.get("result_replicas").default == "first"  # type: ignore[union-attr]
     assert opts.get("prepend_cwd").default is False  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.runner import Runner
+from core.schedulers.api import Stream
 from core.schedulers.local.appdir import AppDir, apps_root
 from core.specs import AppDef, AppState, Role, parse_app_handle
 from tests.integration import arrays
@@ -84,3 +85,54 @@ def test_each_replica_sees_its_attempt_and_a_checkpoint_directory_kept_after_the
     checkpoint = Path(AppDir(apps_root(), parse_app_handle(handle).app_id).checkpoint_dir)
     assert sorted(p.name for p in checkpoint.iterdir()) == ["step.0", "step.1"]
     assert (checkpoint / "step.1").read_text() == "0\n"
+
+
+_TRAINING = """
+d="$SHIPYARD_CHECKPOINT_DIR"; n=$(cat "$d/counter" 2>/dev/null || echo 0); done=0
+echo "start $SHIPYARD_ATTEMPT $n"
+save=0; trap 'save=1' USR1; trap 'echo "term $SHIPYARD_ATTEMPT $(date +%s)"; exit 143' TERM
+while [ "$n" -lt 60 ]; do
+  if [ "$save" = 1 ]; then
+    echo "$n" >"$d/counter"; echo "usr1 $SHIPYARD_ATTEMPT $(date +%s)"
+    while :; do sleep 0.1; done
+  fi
+  if [ "$done" -lt 25 ]; then
+    sleep 0.05; echo "step $n"; n=$((n+1)); done=$((done+1))
+  else
+    sleep 0.1
+  fi
+done
+echo "$n" >"$d/counter"; echo finished
+"""
+
+
+def test_requeued_at_its_time_limit_it_resumes_and_does_every_step_once(runner: Runner) -> None:
+    """With ``requeue_on_timeout`` each replica's limit script keeps the limit and starts the
+    command again (at most 25 steps an attempt: 60 steps take three, however loaded)."""
+    app = AppDef("train", [Role("train", entrypoint="sh", args=["-c", _TRAINING])])
+    cfg = {"time_limit": "6s", "checkpoint_signal": "USR1", "checkpoint_grace": 3,
+           "max_requeues": 2, "requeue_on_timeout": True}  # fmt: skip
+    handle = runner.run(app, "local_cwd", cfg)
+    status = arrays.final(runner, handle, timeout=90)
+    assert status.state == AppState.SUCCEEDED, status
+    assert [(a.number, a.reason) for a in status.attempts] == [(0, "timeout"), (1, "timeout")]
+    lines = [x.rstrip("\n") for x in runner.log_lines(handle, "train", 0)]
+    assert [int(x.split()[1]) for x in lines if x.startswith("step ")] == list(range(60))
+    assert [x.split()[1:] for x in lines if x.startswith("start ")] == [
+        ["0", "0"], ["1", "25"], ["2", "50"]
+    ], lines  # fmt: skip
+    usr1 = [int(x.split()[2]) for x in lines if x.startswith("usr1 ")]
+    term = [int(x.split()[2]) for x in lines if x.startswith("term ")]
+    assert len(usr1) == len(term) == 2, lines
+    assert all(2 <= t - u <= 4 for u, t in zip(usr1, term, strict=True)), lines
+    stderr = runner.log_lines(handle, "train", 0, streams=Stream.STDERR)
+    assert sum("shipyard: attempt" in x for x in stderr) == 2
+
+
+def test_past_its_last_requeue_it_ends_timeout(runner: Runner) -> None:
+    app = AppDef("over", [Role("w", entrypoint="sh", args=["-c", "sleep 300"])])
+    cfg = {"time_limit": "2s", "max_requeues": 1, "requeue_on_timeout": True}
+    status = arrays.final(runner, runner.run(app, "local_cwd", cfg), timeout=60)
+    assert status.state == AppState.FAILED and status.reason == "timeout", status
+    assert [(a.number, a.reason) for a in status.attempts] == [(0, "timeout")]
+    assert [r.exit_code for rs in status.roles for r in rs.replicas] == [124]

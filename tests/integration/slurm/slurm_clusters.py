@@ -31,7 +31,7 @@ CLUSTER_NAMES = {"local": None, "ssh": "ssh-login", "rest": "rest-api"}
 REMOTE_USER = "hpcuser"
 _SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "srun")
 #: this host's environment as the tests start: its Slurm commands, before a test hides them
-_ADMIN_ENV = dict(os.environ)
+ADMIN_ENV = dict(os.environ)
 
 
 def wait(pred: Callable[[], Any], timeout: float = 90, what: str = "condition") -> Any:
@@ -52,7 +52,7 @@ def preempt_node(node: str) -> None:
     """Preempts what runs on ``node``: a short job of the high-priority partition ``urgent``
     that needs the whole node, submitted as the cluster's administrator."""
     argv = ["sbatch", "--parsable", "-p", "urgent", "-w", node, "-c", "2", "-o", "/dev/null"]
-    p = subprocess.run([*argv, "--wrap", "sleep 1"], env=_ADMIN_ENV, capture_output=True, text=True)
+    p = subprocess.run([*argv, "--wrap", "sleep 1"], env=ADMIN_ENV, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr  # (it ends by itself within seconds)
 
 

@@ -301,6 +301,7 @@ def test_run_opts_and_states() -> None:
         "checkpoint_grace",
         "max_requeues",  # issue 27: requeue on preemption, node failure (and the time limit)
         "requeue_on_timeout",
+        "exclude_failed_nodes",  # issue 27: a requeue after a node failure kept off the node
     ]
     assert SLURM_STATES["COMPLETED"] == AppState.SUCCEEDED
     assert SLURM_STATES["OUT_OF_MEMORY"] == AppState.FAILED

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from core.limits import parse_attempts
 from core.schedulers.docker import request
-from core.schedulers.docker.timelimit import CHECKPOINT_PATH, parse_attempts
+from core.schedulers.docker.timelimit import CHECKPOINT_PATH
 from core.specs import AppDef, Attempt, Role
 
 IMAGE = "shipyard-test/busybox:latest"
@@ -35,8 +36,8 @@ def test_a_time_limit_runs_the_command_under_its_script_which_retries_and_requeu
     c = job.containers[0]
     entry = c.kwargs["entrypoint"]
     assert isinstance(entry, list) and entry[:2] == ["/bin/sh", "-c"]
-    # signal, seconds to it, seconds from it to the limit, SIGKILL after, retries, requeues
-    assert entry[4:] == ["USR1", "570", "30", "5", "3", "2"]
+    # signal, seconds to it, from it to the limit, SIGKILL after, retries, requeues, record
+    assert entry[4:] == ["USR1", "570", "30", "5", "3", "2", "/tmp/.shipyard-attempts"]
     assert c.command == ["sleep", "9"] and "restart_policy" not in c.kwargs
     labels = c.kwargs["labels"]
     assert isinstance(labels, dict)

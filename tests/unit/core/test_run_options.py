@@ -33,7 +33,8 @@ def test_a_typed_cfg_reaches_the_scheduler(tmp_path: Path) -> None:
     app = AppDef("typed", [Role("r", entrypoint="true")])
     with get_runner("t") as runner:
         info = runner.dryrun(app, "local_cwd", cfg)
-    limits = {"time_limit": None, "checkpoint_signal": None, "checkpoint_grace": None}
+    limits = {"time_limit": None, "checkpoint_signal": None, "checkpoint_grace": None,
+              "max_requeues": 0, "requeue_on_timeout": False}  # fmt: skip
     assert info.cfg == {
         **cfg, "auto_set_cuda_visible_devices": False, "result_replicas": "first", **limits
     }  # fmt: skip

@@ -187,3 +187,16 @@ def test_over_slurmrestd_the_job_turns_its_own_requeue_off() -> None:
     )
     body = rest_v0038.submission(asked.request, "/w", hold=False, env={})
     assert body["job"]["requeue"] is True and "-ge 2 ]" in body["script"]
+
+
+def test_exclude_failed_nodes_marks_the_comment_and_is_refused_over_slurmrestd() -> None:
+    from core.schedulers.slurm import rest_v0038
+
+    app = AppDef("a", [Role("w", entrypoint="true")])
+    cfg = {"max_requeues": 1, "exclude_failed_nodes": True, "comment": "mine"}
+    info = SlurmScheduler("s").submit_dryrun(app, cfg)
+    assert '--comment="mine shipyard-exclude-failed"' in info.request.materialize()
+    with pytest.raises(ValueError, match="cfg.exclude_failed_nodes: slurmrestd's v0.0.38 API"):
+        rest_v0038.submission(info.request, "/w", hold=False, env={})
+    with pytest.raises(ValueError, match="cfg.exclude_failed_nodes: needs max_requeues > 0"):
+        SlurmScheduler("s").submit_dryrun(app, {"exclude_failed_nodes": True})
