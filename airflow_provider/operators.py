@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator, ResumableJobMixin, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferralError
@@ -46,7 +46,7 @@ from core.errors import JobSilentError, ShipyardError
 from core.reports import AppResult, usage_by_replica, usage_summary
 from core.runner import AppFailedError, Runner, attempt_key
 from core.schedulers import get_default_scheduler_name
-from core.specs import AppDef, AppHandle, AppStatus, parse_app_handle
+from core.specs import AppDef, AppHandle, AppStatus, Reason, parse_app_handle
 from core.watch import (
     AttemptsLog,
     JobWatch,
@@ -89,8 +89,6 @@ class ShipyardJobFailedNoRetryError(ShipyardError, AirflowFailException):
 
 def _reasons(value: Any) -> tuple[str, ...]:
     """``fail_fast_on`` as reason names, else an error naming it."""
-    from core.specs import Reason
-
     items = (value,) if isinstance(value, str) else tuple(value or ())
     known = {str(r) for r in Reason}
     bad = [r for r in items if r not in known]
@@ -102,6 +100,10 @@ def _reasons(value: Any) -> tuple[str, ...]:
 class ShipyardJobSilentError(ShipyardError, AirflowException):
     """The job was cancelled: replicas printed no line for ``max_silence`` seconds (the message
     names them, with their last lines)."""
+
+
+class ShipyardJobSilentNoRetryError(ShipyardJobSilentError, AirflowFailException):
+    """A silent job, ``silent`` being in the operator's ``fail_fast_on``: no Airflow retry."""
 
 
 class ShipyardOperator(ResumableJobMixin, BaseOperator):
@@ -435,7 +437,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                 status = runner.status(handle)
                 if status is None or not status.is_terminal():
                     self._defer(handle, status)
-            self._result = self._finish(runner, context, self._watch(runner, handle))
+            self._result = self._finish(runner, context, self._watch(runner, handle, context))
         return self._result
 
     def _defer(self, handle: AppHandle, status: AppStatus | None) -> None:
@@ -464,7 +466,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         # an earlier try's job that already succeeded: show its logs and take its result
         self._handle = handle
         with self._runner() as runner:
-            return self._finish(runner, context, self._watch(runner, handle))
+            return self._finish(runner, context, self._watch(runner, handle, context))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Resumes after :class:`ShipyardJobTrigger` fired: logs the lines the trigger did not
@@ -476,9 +478,11 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         if event.get("status") == "error":
             raise AirflowException(event.get("message") or f"waiting for {handle} failed")
         if event.get("silent"):
-            raise ShipyardJobSilentError(event.get("message"))
+            self._silent(context, str(event.get("message")))
         with self._runner() as runner:
-            end = self._watch(runner, handle, _event_cursor(event), event.get("usage") or {})
+            end = self._watch(
+                runner, handle, context, _event_cursor(event), event.get("usage") or {}
+            )
             return self._finish(runner, context, end)
 
     def resume_execution(
@@ -524,6 +528,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self,
         runner: Runner,
         handle: AppHandle,
+        context: Context,
         cursor: LogCursor | None = None,
         usage: Mapping[str, Any] | None = None,
     ) -> WatchEnd:
@@ -548,7 +553,16 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         try:
             return watch.run()
         except JobSilentError as e:
-            raise ShipyardJobSilentError(str(e)) from e
+            self._silent(context, str(e))
+
+    def _silent(self, context: Context, message: str) -> NoReturn:
+        """Fails the task of a job cancelled for its silence (XCom ``reason`` ``silent``)."""
+        context["ti"].xcom_push(key="reason", value=str(Reason.SILENT))
+        if Reason.SILENT in self.fail_fast_on:
+            raise ShipyardJobSilentNoRetryError(
+                f"{message} [reason {Reason.SILENT} is in fail_fast_on: no retry]"
+            )
+        raise ShipyardJobSilentError(message)
 
     def _status_log(self) -> Callable[[AppStatus], None]:
         """What the task log tells of each status: an array's counts as they change, each

@@ -138,6 +138,6 @@ class SilenceWatch:
                 last = list(self._lines.get(key, ()))
             parts.append(f"{key}: " + (" | ".join(repr(x) for x in last) if last else "no line"))
         return (
-            f"{handle}: cancelled: no log line for {self.max_silence:g}s from"
+            f"{handle}: cancelled (reason silent): no log line for {self.max_silence:g}s from"
             f" {', '.join(silent)} (max_silence); last lines: " + "; ".join(parts)
         )

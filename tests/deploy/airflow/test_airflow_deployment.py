@@ -462,3 +462,16 @@ def test_a_preempted_slurm_job_is_requeued_or_fails_preempted(
     )
     assert told in run.log_events("job")
     assert run.job_lines("job", "job/0 ") == ["job/0 attempt 0", "job/0 resumed"]
+
+
+def test_every_reason_reaches_its_task_xcom(airflow_api: AirflowAPI) -> None:
+    """One task per reason (Docker and local processes, blocking and deferred): each fails its
+    task and pushes XCom ``reason``, read through the REST API."""
+    require("docker", docker_problem())
+    run = airflow_api.trigger("shipyard_deploy_reasons")
+    assert run.wait() == "failed"
+    expected = {"oom": "oom", "timeout": "timeout", "silent": "silent", "signal": "signal",
+                "dependent": "dependency"}  # fmt: skip
+    assert {task: run.xcom(task, "reason") for task in expected} == expected
+    assert run.ti("upstream")["state"] == "success"  # (it only submitted)
+    assert run.xcom("dependent", "state") == "CANCELLED"

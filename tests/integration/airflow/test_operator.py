@@ -388,6 +388,7 @@ def test_max_silence_cancels_a_job_whose_replica_hangs(runner: Any, where: str) 
         op.execute(context(ti, StateStoreStub()))
     text = str(info.value)
     assert "no log line for 2s from hang/0 (max_silence)" in text, text
+    assert ti.xcoms["reason"] == "silent"
     assert "hang/0: 'init done'" in text and "hang/1" not in text.split("last lines:")[0], text
     handle = runner.find("local_cwd", key_of(ti))
     assert wait_until(lambda: runner.status(handle).is_terminal(), 30, "the job to end")
@@ -414,7 +415,11 @@ def test_max_silence_in_the_trigger_cancels_and_names_the_replica(runner: Any) -
     event = asyncio.run(first_event())
     assert event.payload["status"] == "failure" and event.payload["silent"] == ["hangd/0"]
     assert runner.status(trigger.app_handle).state == AppState.CANCELLED
-    with pytest.raises(ShipyardJobSilentError, match=r"hangd/0: 'init done'"):
+    with pytest.raises(ShipyardJobSilentError, match=r"hangd/0: 'init done'") as silent:
+        op.execute_complete(context(ti), event.payload)
+    assert ti.xcoms["reason"] == "silent" and not isinstance(silent.value, AirflowFailException)
+    op.fail_fast_on = ("silent",)  # (a hang that would hang again: no retry)
+    with pytest.raises(AirflowFailException, match=r"reason silent is in fail_fast_on"):
         op.execute_complete(context(ti), event.payload)
 
 

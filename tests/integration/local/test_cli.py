@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 
 SHIPYARD = str(Path(sys.executable).with_name("shipyard"))
 APP = """
@@ -436,3 +436,30 @@ def test_an_apps_own_max_silence_applies_to_run_wait(tmp_path: Path) -> None:
     app.write_text(app.read_text().replace("'2'", "'-1'"))
     bad = sh("run", "--wait", str(app), cwd=tmp_path)
     assert bad.returncode == 2 and "metadata.max_silence: expected a positive number" in bad.stderr
+
+
+def test_status_json_says_why_each_app_ended(tmp_path: Path) -> None:
+    """``status --json`` as a user runs it: the reason of apps ended by their exit code, a
+    signal, the time limit, a cancel, and a dependency that failed."""
+
+    def run(*args: str) -> str:
+        r = sh("run", *args, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    handles = {
+        "exit_code": run("--", "sh", "-c", "exit 3"),
+        "signal": run("--", "sh", "-c", "kill -9 $$"),
+        "timeout": run("--cfg", "time_limit=1s", "--", "sleep", "300"),
+        "cancelled": run("--", "sleep", "300"),
+    }
+    handles["dependency"] = run("--after", handles["exit_code"], "--", "echo", "never")
+    assert sh("cancel", handles["cancelled"], "--wait").returncode == 0
+
+    def ended(handle: str) -> dict[str, object] | None:
+        status = json.loads(sh("status", "--json", handle).stdout)
+        return status if status["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+    for reason, handle in handles.items():
+        status = wait_until(lambda h=handle: ended(h), 60, f"{reason} app to end")
+        assert status["reason"] == reason, (reason, status)

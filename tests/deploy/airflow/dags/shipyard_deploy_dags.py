@@ -200,3 +200,63 @@ with DAG(
         poll_interval=0.5,
         execution_timeout=timedelta(minutes=10),
     )
+
+
+def _one(name: str, script: str, image: str = "", mem: int = 0) -> dict[str, object]:
+    """An app of one replica running ``script``."""
+    role: dict[str, object] = {"name": name, "entrypoint": "sh", "args": ["-c", script]}
+    if image:
+        role["image"] = image
+    if mem:
+        role["resource"] = {"cpu": 1, "gpu": 0, "memMB": mem}
+    return {"name": name, "roles": [role]}
+
+
+# Why a job ended (issue 27): one task per reason, each pushing XCom reason; blocking and
+# deferred, Docker and local processes.
+with DAG(
+    dag_id="shipyard_deploy_reasons",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    tags=["shipyard", "deploy-test"],
+):
+    BUSYBOX = "shipyard-test/busybox:latest"
+    ShipyardOperator(
+        task_id="oom",
+        app=_one("oom", "head -c 300m /dev/zero | tail", BUSYBOX, 64),
+        scheduler="local_docker",
+        deferrable=True,
+        poll_interval=0.5,
+    )
+    ShipyardOperator(
+        task_id="timeout",
+        app=_one("limited", "sleep 300", BUSYBOX),
+        scheduler="local_docker",
+        cfg={"time_limit": "2s", "stop_timeout": 1},
+        poll_interval=0.5,
+    )
+    ShipyardOperator(
+        task_id="silent",
+        app=_one("hangs", "echo started; sleep 300"),
+        scheduler="local_cwd",
+        max_silence=2,
+        deferrable=True,
+        poll_interval=0.5,
+    )
+    ShipyardOperator(task_id="signal", app=_one("killed", "kill -9 $$"), scheduler="local_cwd")
+    upstream = ShipyardOperator(
+        task_id="upstream",
+        app=_one("upstream", "exit 3"),
+        scheduler="local_cwd",
+        wait_for_completion=False,
+    )
+    dependent = ShipyardOperator(
+        task_id="dependent",
+        app=_one("dependent", "echo never"),
+        scheduler="local_cwd",
+        after="{{ ti.xcom_pull(task_ids='upstream') }}",
+        deferrable=True,
+        poll_interval=0.5,
+    )
+    upstream >> dependent

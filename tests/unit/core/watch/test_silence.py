@@ -36,7 +36,9 @@ def test_a_replica_is_silent_once_its_last_line_is_older_than_the_limit() -> Non
     clock.now += 6
     assert watch.silent(running) == ["w/0", "w/1"]
     message = watch.message("local_cwd://s/app", ["w/0", "w/1"])
-    assert message.startswith("local_cwd://s/app: cancelled: no log line for 10s from w/0, w/1")
+    assert message.startswith(
+        "local_cwd://s/app: cancelled (reason silent): no log line for 10s from w/0, w/1"
+    )
     # the last three lines of each
     assert "w/0: 'step 2' | 'step 3' | 'step 4'" in message and "w/1: 'tick'" in message
 
