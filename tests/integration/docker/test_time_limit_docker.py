@@ -186,3 +186,23 @@ def test_preflight_names_an_image_without_a_shell_for_a_time_limit(
     assert not any(
         "/bin/sh" in p.message for p in runner.preflight(app, "local_docker", {"pull": "never"})
     )
+
+
+def test_the_checkpoint_volume_and_attempts_outlive_the_containers_until_record_retention(
+    sched: DockerScheduler, docker_client: Any
+) -> None:
+    script = 'echo "$SHIPYARD_ATTEMPT" >>"$SHIPYARD_CHECKPOINT_DIR/seen"; sleep 300'
+    cfg = {"time_limit": "2s", "max_requeues": 1, "requeue_on_timeout": True, "retention": 0}
+    kept = _run(sched, cfg, script)
+    gone = _run(sched, {**cfg, "record_retention": 0}, script)
+    sched.sweep()  # (retention 0: logs archived, containers removed)
+    sched.sweep()  # (record_retention 0: the records go too)
+    runner = Runner(sched.session_name, {"local_docker": lambda session, **kw: sched})
+    status = runner.status(kept)
+    assert status is not None and "containers and network removed" in status.msg, status
+    assert (status.state, status.reason) == (AppState.FAILED, "timeout")
+    assert [(a.number, a.reason) for a in status.attempts] == [(0, "timeout")]
+    kept_id, gone_id = kept.rsplit("/", 1)[1], gone.rsplit("/", 1)[1]
+    assert _volume_file(docker_client, f"{kept_id}-checkpoint", "seen").split() == ["0", "1"]
+    assert runner.status(gone) is None
+    assert not docker_client.api.volumes(filters={"name": f"{gone_id}-checkpoint"})["Volumes"]
