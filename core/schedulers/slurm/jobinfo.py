@@ -148,7 +148,10 @@ def app_state(state: str) -> AppState:
 
 
 def wait_status_code(raw: str | int) -> int | None:
-    """A raw wait status (squeue's DerivedEC) as an exit code (-N for signal N)."""
+    """squeue's DerivedEC as an exit code (-N for signal N): a raw wait status in Slurm 22.05
+    (``768``), ``code:signal`` in today's releases (26.05: ``3:0``)."""
+    if isinstance(raw, str) and ":" in raw:
+        return colon_code(raw)
     try:
         status = int(raw)
     except ValueError:

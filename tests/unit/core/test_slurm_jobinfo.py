@@ -13,6 +13,7 @@ from core.schedulers.slurm.jobinfo import (
     parse_sacct,
     parse_squeue,
     to_response,
+    wait_status_code,
 )
 from core.specs import AppState
 
@@ -175,3 +176,10 @@ def test_slurmrestd_array_records_as_slurm_22_05_gives_them() -> None:
         ]
     }
     assert list(rest_v0038.parse_accounting(acct)) == ["70_0"]
+
+
+def test_derived_exit_codes_of_both_releases() -> None:
+    # squeue -O DerivedEC: a raw wait status in 22.05, code:signal in 26.05 (seen on both rigs)
+    assert [wait_status_code(x) for x in ("0", "768", "9")] == [0, 3, -9]
+    assert [wait_status_code(x) for x in ("0:0", "3:0", "0:9")] == [0, 3, -9]
+    assert wait_status_code("") is None and wait_status_code("N/A") is None
