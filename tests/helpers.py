@@ -81,3 +81,27 @@ with open(sys.argv[2] + ".tmp", "w") as f:
 os.replace(sys.argv[2] + ".tmp", sys.argv[2])
 time.sleep(1000)
 """
+
+
+#: steps of :data:`TRAINING` (at most 25 an attempt: three attempts, however loaded the host)
+TRAINING_STEPS = 60
+#: a training-like replica for the time-limit requeue tests (Docker, local processes): one line
+#: per step, its counter saved to $SHIPYARD_CHECKPOINT_DIR at the checkpoint signal (USR1), then
+#: no more work until the limit's SIGTERM; the next attempt resumes from the counter
+TRAINING = f"""
+d="$SHIPYARD_CHECKPOINT_DIR"; n=$(cat "$d/counter" 2>/dev/null || echo 0); done=0
+echo "start $SHIPYARD_ATTEMPT $n"
+save=0; trap 'save=1' USR1; trap 'echo "term $SHIPYARD_ATTEMPT $(date +%s)"; exit 143' TERM
+while [ "$n" -lt {TRAINING_STEPS} ]; do
+  if [ "$save" = 1 ]; then
+    echo "$n" >"$d/counter"; echo "usr1 $SHIPYARD_ATTEMPT $(date +%s)"
+    while :; do sleep 0.1; done
+  fi
+  if [ "$done" -lt 25 ]; then
+    sleep 0.05; echo "step $n"; n=$((n+1)); done=$((done+1))
+  else
+    sleep 0.1
+  fi
+done
+echo "$n" >"$d/counter"; echo finished
+"""

@@ -22,29 +22,10 @@ import pytest
 from core.runner import Runner
 from core.schedulers.docker_scheduler import DockerScheduler, create_scheduler
 from core.specs import AppDef, AppState, Role
-from tests.helpers import wait_until
+from tests.helpers import TRAINING, TRAINING_STEPS, wait_until
 from tests.integration.local.test_cli import SHIPYARD
 
 IMAGE = "shipyard-test/busybox:latest"
-STEPS = 60
-
-_TRAINING = f"""
-d="$SHIPYARD_CHECKPOINT_DIR"; n=$(cat "$d/counter" 2>/dev/null || echo 0); done=0
-echo "start $SHIPYARD_ATTEMPT $n"
-save=0; trap 'save=1' USR1; trap 'echo "term $SHIPYARD_ATTEMPT $(date +%s)"; exit 143' TERM
-while [ "$n" -lt {STEPS} ]; do
-  if [ "$save" = 1 ]; then
-    echo "$n" >"$d/counter"; echo "usr1 $SHIPYARD_ATTEMPT $(date +%s)"
-    while :; do sleep 0.1; done
-  fi
-  if [ "$done" -lt 25 ]; then
-    sleep 0.05; echo "step $n"; n=$((n+1)); done=$((done+1))
-  else
-    sleep 0.1
-  fi
-done
-echo "$n" >"$d/counter"; echo finished
-"""
 
 
 @pytest.fixture
@@ -58,7 +39,7 @@ def sched(docker_client: Any) -> Iterator[DockerScheduler]:
     scheduler.close()
 
 
-def _run(sched: DockerScheduler, cfg: dict[str, Any], script: str = _TRAINING) -> str:
+def _run(sched: DockerScheduler, cfg: dict[str, Any], script: str = TRAINING) -> str:
     runner = Runner(sched.session_name, {"local_docker": lambda session, **kw: sched})
     app = AppDef("train", [Role("train", image=IMAGE, entrypoint="sh", args=["-c", script])])
     handle = runner.run(app, "local_docker", {"stop_timeout": 2, **cfg})
@@ -103,7 +84,9 @@ def test_requeued_at_its_time_limit_it_resumes_and_does_every_step_once(
         (1, "timeout"),
     ]
     lines = _lines(sched, handle)
-    assert [int(x.split()[1]) for x in lines if x.startswith("step ")] == list(range(STEPS))
+    assert [int(x.split()[1]) for x in lines if x.startswith("step ")] == list(
+        range(TRAINING_STEPS)
+    )
     starts = [x.split()[1:] for x in lines if x.startswith("start ")]
     assert starts == [["0", "0"], ["1", "25"], ["2", "50"]], lines
     assert lines[-1] == "finished"
@@ -114,7 +97,7 @@ def test_requeued_at_its_time_limit_it_resumes_and_does_every_step_once(
     assert all(2 <= t - u <= 4 for u, t in zip(usr1, term, strict=True)), lines
     assert sum("shipyard: attempt" in x for x in lines) == 2
     app_id = handle.rsplit("/", 1)[1]
-    assert _volume_file(docker_client, f"{app_id}-checkpoint", "counter") == str(STEPS)
+    assert _volume_file(docker_client, f"{app_id}-checkpoint", "counter") == str(TRAINING_STEPS)
 
 
 def test_over_its_time_limit_without_requeue_it_ends_timeout_after_the_signal(

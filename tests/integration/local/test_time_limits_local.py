@@ -12,6 +12,7 @@ from core.runner import Runner
 from core.schedulers.api import Stream
 from core.schedulers.local.appdir import AppDir, apps_root
 from core.specs import AppDef, AppState, Role, parse_app_handle
+from tests.helpers import TRAINING, TRAINING_STEPS
 from tests.integration import arrays
 
 
@@ -87,29 +88,10 @@ def test_each_replica_sees_its_attempt_and_a_checkpoint_directory_kept_after_the
     assert (checkpoint / "step.1").read_text() == "0\n"
 
 
-_TRAINING = """
-d="$SHIPYARD_CHECKPOINT_DIR"; n=$(cat "$d/counter" 2>/dev/null || echo 0); done=0
-echo "start $SHIPYARD_ATTEMPT $n"
-save=0; trap 'save=1' USR1; trap 'echo "term $SHIPYARD_ATTEMPT $(date +%s)"; exit 143' TERM
-while [ "$n" -lt 60 ]; do
-  if [ "$save" = 1 ]; then
-    echo "$n" >"$d/counter"; echo "usr1 $SHIPYARD_ATTEMPT $(date +%s)"
-    while :; do sleep 0.1; done
-  fi
-  if [ "$done" -lt 25 ]; then
-    sleep 0.05; echo "step $n"; n=$((n+1)); done=$((done+1))
-  else
-    sleep 0.1
-  fi
-done
-echo "$n" >"$d/counter"; echo finished
-"""
-
-
 def test_requeued_at_its_time_limit_it_resumes_and_does_every_step_once(runner: Runner) -> None:
     """With ``requeue_on_timeout`` each replica's limit script keeps the limit and starts the
     command again (at most 25 steps an attempt: 60 steps take three, however loaded)."""
-    app = AppDef("train", [Role("train", entrypoint="sh", args=["-c", _TRAINING])])
+    app = AppDef("train", [Role("train", entrypoint="sh", args=["-c", TRAINING])])
     cfg = {"time_limit": "6s", "checkpoint_signal": "USR1", "checkpoint_grace": 3,
            "max_requeues": 2, "requeue_on_timeout": True}  # fmt: skip
     handle = runner.run(app, "local_cwd", cfg)
@@ -117,7 +99,9 @@ def test_requeued_at_its_time_limit_it_resumes_and_does_every_step_once(runner: 
     assert status.state == AppState.SUCCEEDED, status
     assert [(a.number, a.reason) for a in status.attempts] == [(0, "timeout"), (1, "timeout")]
     lines = [x.rstrip("\n") for x in runner.log_lines(handle, "train", 0)]
-    assert [int(x.split()[1]) for x in lines if x.startswith("step ")] == list(range(60))
+    assert [int(x.split()[1]) for x in lines if x.startswith("step ")] == list(
+        range(TRAINING_STEPS)
+    )
     assert [x.split()[1:] for x in lines if x.startswith("start ")] == [
         ["0", "0"], ["1", "25"], ["2", "50"]
     ], lines  # fmt: skip
