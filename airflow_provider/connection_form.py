@@ -70,6 +70,16 @@ CONN_FIELDS: dict[str, Any] = {
         "label": "Command printing the JWT (instead of the token field)",
         "schema": {"type": ["string", "null"]},
     },
+    "slurm_bin": {
+        "label": "Directory of Slurm's commands (if not on the login PATH)",
+        "schema": {"type": ["string", "null"]},
+        "description": "e.g. /opt/slurm/bin",
+    },
+    "api_version": {
+        "label": "slurmrestd API version (optional)",
+        "schema": {"type": ["string", "null"]},
+        "description": "e.g. v0.0.42; default: the newest both sides speak",
+    },
     "docker_host": {
         "label": "Docker engine URL",
         "schema": {"type": ["string", "null"]},

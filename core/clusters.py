@@ -57,6 +57,7 @@ __all__ = [
 Transport = Literal["local", "ssh", "rest"]
 TRANSPORTS: tuple[str, ...] = ("local", "ssh", "rest")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_VERSION_RE = re.compile(r"^v\d+\.\d+\.\d+$")
 
 
 class ClusterError(ShipyardError, ValueError):
@@ -112,6 +113,11 @@ class ClusterConfig:
             ``shipyard`` in the login user's home; must be absolute for ``rest``)
         local_mount: ``remote_dir`` as mounted on this host (a shared file system): logs are
             read from here instead of over SSH
+        slurm_bin: the directory of the cluster's Slurm commands where they are not on the
+            login shell's ``PATH`` (``/opt/slurm/bin``): Shipyard runs them from there, and
+            jobs find ``srun`` there
+        api_version: for ``rest``, the slurmrestd API version to speak (``v0.0.42``); default:
+            the newest one both slurmrestd and Shipyard speak
     """
 
     name: str
@@ -129,6 +135,8 @@ class ClusterConfig:
     token_command: str | None = None
     remote_dir: str | None = None
     local_mount: str | None = None
+    slurm_bin: str | None = None
+    api_version: str | None = None
 
     def __post_init__(self) -> None:
         self._check()
@@ -167,6 +175,19 @@ class ClusterConfig:
                     "an absolute directory on the cluster is required for transport rest (where"
                     f" jobs run and write their logs), got {self.remote_dir!r}",
                 )
+        if self.slurm_bin is not None and (
+            not isinstance(self.slurm_bin, str) or not self.slurm_bin.startswith("/")
+        ):
+            raise self._error(
+                "slurm_bin",
+                f"expected the absolute directory of Slurm's commands, got {self.slurm_bin!r}",
+            )
+        if self.api_version is not None and (
+            not isinstance(self.api_version, str) or not _VERSION_RE.fullmatch(self.api_version)
+        ):
+            raise self._error(
+                "api_version", f"expected slurmrestd's form, e.g. v0.0.45, got {self.api_version!r}"
+            )
         for name in ("host", "user", "identity_file", "known_hosts", "remote_dir", "local_mount"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value or "\0" in value):

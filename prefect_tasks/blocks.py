@@ -89,6 +89,14 @@ class SlurmCluster(Block):
     local_mount: str | None = Field(
         default=None, description="That directory as mounted on the worker (optional)."
     )
+    slurm_bin: str | None = Field(
+        default=None,
+        description="The directory of Slurm's commands, if not on the login PATH (/opt/slurm/bin).",
+    )
+    api_version: str | None = Field(
+        default=None,
+        description="slurmrestd's API version to speak (default: the newest both sides speak).",
+    )
 
     def cluster_config(self) -> ClusterConfig:
         """The settings as a :class:`core.clusters.ClusterConfig` (secrets stay in memory).
@@ -115,7 +123,8 @@ class SlurmCluster(Block):
 
 _SETTINGS = frozenset(
     {"transport", "host", "port", "user", "identity_file", "known_hosts", "rest_url",
-     "token_env", "token_file", "token_command", "remote_dir", "local_mount"}
+     "token_env", "token_file", "token_command", "remote_dir", "local_mount", "slurm_bin",
+     "api_version"}
 )  # fmt: skip
 
 

@@ -179,3 +179,39 @@ if ! alive "$RUN/slurmrestd.pid" slurmrestd; then
 fi
 wait_for 30 "slurmrestd $VERSION" rest_ok || die "slurmrestd does not answer (see $LOGS/slurmrestd.log)"
 log "Slurm $VERSION cluster $CLUSTER ready: SLURM_CONF=$SLURM_CONF, REST on http://$REST_ADDR"
+
+# the same cluster through each transport, beside the 22.05 ones in the clusters file of
+# start_slurm_remote.sh (run first): local26 (this host's 26.05 commands), ssh26 (the login
+# node), rest26 (slurmrestd); the commands are not on the login PATH (slurm_bin says where)
+REMOTE=${SHIPYARD_REMOTE_DIR:-/var/lib/shipyard-remote}
+if [ -f "$REMOTE/clusters.yaml" ] && ! grep -q '^rest26:' "$REMOTE/clusters.yaml"; then
+    home=$(getent passwd hpcuser | cut -d: -f6)
+    ssh_opts="-p 2222 -i $REMOTE/userkey -o BatchMode=yes -o UserKnownHostsFile=$REMOTE/known_hosts"
+    cat >>"$REMOTE/clusters.yaml" <<YAML
+# Written by scripts/start_slurm26.sh: the 26.05 cluster through the same three doors.
+local26:
+  transport: local
+  slurm_bin: $PREFIX/bin
+ssh26:
+  transport: ssh
+  host: 127.0.0.1
+  port: 2222
+  user: hpcuser
+  identity_file: $REMOTE/userkey
+  known_hosts: $REMOTE/known_hosts
+  remote_dir: $home/shipyard
+  slurm_bin: $PREFIX/bin
+rest26:
+  transport: rest
+  rest_url: http://$REST_ADDR
+  user: hpcuser
+  token_command: ssh $ssh_opts hpcuser@127.0.0.1 $PREFIX/bin/scontrol token lifespan=3600
+  host: 127.0.0.1
+  port: 2222
+  identity_file: $REMOTE/userkey
+  known_hosts: $REMOTE/known_hosts
+  remote_dir: $home/shipyard
+  slurm_bin: $PREFIX/bin
+YAML
+    log "clusters local26, ssh26, rest26 added to $REMOTE/clusters.yaml"
+fi

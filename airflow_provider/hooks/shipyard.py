@@ -56,6 +56,8 @@ CLUSTER_EXTRAS = (
     "local_mount",
     "token_command",
     "token_file",
+    "slurm_bin",
+    "api_version",
 )
 
 #: the extras of a ``shipyard`` connection that name a Docker engine and a registry login (the

@@ -1,8 +1,9 @@
 """slurmrestd as a :class:`SlurmClient`: JSON over HTTP(S) with a JWT.
 
-The API version is found from the endpoint itself (``/openapi/v3`` lists its paths); each
-version's paths and JSON mapping live in one module (``rest_v0038``), listed in
-:data:`API_VERSIONS`. slurmrestd cannot read files: logs and job directories go through the
+The API version is the newest one both sides speak, found from the endpoint itself
+(``/openapi/v3`` lists its paths), or the cluster's ``api_version``; the JSON mapping of each
+version lives in one module (``rest_v0038``: Slurm 22.05; ``rest_v0042``: v0.0.42-v0.0.45, Slurm
+24.11-26.05), listed in :data:`API_VERSIONS`. slurmrestd cannot read files: logs and job directories go through the
 cluster's SSH settings or a shared mount (the ``files`` given to the client).
 """
 
@@ -24,7 +25,7 @@ from tenacity import (
 
 from core.clusters import ClusterConfig, ClusterError
 from core.errors import ShipyardError
-from core.schedulers.slurm import rest_v0038
+from core.schedulers.slurm import rest_v0038, rest_v0042
 from core.schedulers.slurm.jobinfo import JobInfo, array_query_ids
 from core.schedulers.slurm.script import SlurmBatchRequest
 from core.schedulers.slurm.transport import Files, SlurmClient, SubmitRefusedError, TransportError
@@ -33,8 +34,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["API_VERSIONS", "RestClient"]
 
-#: the API versions this client speaks, newest first
-API_VERSIONS: dict[str, ModuleType] = {rest_v0038.VERSION: rest_v0038}
+#: the API versions this client speaks, newest first, and the module of each
+API_VERSIONS: dict[str, ModuleType] = {
+    v: module for module in (rest_v0042, rest_v0038) for v in module.VERSIONS
+}
 
 #: the environment of a job's batch step (the replicas' own variables are in the script)
 BATCH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
@@ -57,6 +60,7 @@ class RestClient(SlurmClient):
         self._lock = threading.Lock()
         self._token: str | None = None
         self._api: ModuleType | None = None
+        self._slurm = self._slurmdb = ""
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -123,22 +127,14 @@ class RestClient(SlurmClient):
 
     @property
     def api(self) -> ModuleType:
-        """The version module of the endpoint's API (found on first use; also checks that the
-        token is accepted)."""
+        """The module of the API version spoken with the endpoint: ``cluster.api_version``, or
+        else the newest version both sides speak (found on first use from the paths the
+        endpoint lists; also checks that the token is accepted)."""
         if self._api is None:
             spec = self._call("GET", "/openapi/v3")
-            paths = spec.get("paths") or {}
-            offered = sorted({p.split("/")[2] for p in paths if p.startswith("/slurm/v")})
-            found = next(
-                (API_VERSIONS[v] for v in API_VERSIONS if f"/slurm/{v}/ping" in paths), None
-            )
-            if found is None:
-                raise self._err(
-                    "rest_url",
-                    f"{self.cluster.rest_url} offers API versions {offered or 'none'}; shipyard"
-                    f" speaks {', '.join(API_VERSIONS)}",
-                )
-            ping = self._call("GET", f"{found.SLURM}/ping")
+            offered = {p.split("/")[2] for p in spec.get("paths") or {} if p.startswith("/slurm/v")}
+            version = self._choose(offered)
+            ping = self._call("GET", f"/slurm/{version}/ping")
             if ping.get("errors"):
                 raise self._err(
                     "token",
@@ -146,8 +142,40 @@ class RestClient(SlurmClient):
                     f" (expired, or not this user's; from {self._token_source()}):"
                     f" {_describe(ping)}",
                 )
-            self._api = found
+            self._slurm, self._slurmdb = f"/slurm/{version}", f"/slurmdb/{version}"
+            self._api = API_VERSIONS[version]
+            log.debug("cluster %s: slurmrestd API %s", self.cluster.name, version)
         return self._api
+
+    def _choose(self, offered: set[str]) -> str:
+        pinned = self.cluster.api_version
+        if pinned is not None and pinned not in API_VERSIONS:
+            raise self._err(
+                "api_version",
+                f"shipyard does not speak {pinned}; it speaks {', '.join(API_VERSIONS)}",
+            )
+        wanted = [pinned] if pinned else list(API_VERSIONS)
+        found = next((v for v in wanted if v in offered), None)
+        if found is None:
+            raise self._err(
+                "api_version" if pinned else "rest_url",
+                f"{self.cluster.rest_url} offers API versions"
+                f" {', '.join(sorted(offered)) or 'none'}; shipyard"
+                f" {'was asked for' if pinned else 'speaks'} {', '.join(wanted)}",
+            )
+        return found
+
+    @property
+    def _ctl(self) -> str:
+        """``/slurm/<the API version>``."""
+        _ = self.api
+        return self._slurm
+
+    @property
+    def _db(self) -> str:
+        """``/slurmdb/<the API version>``."""
+        _ = self.api
+        return self._slurmdb
 
     def _token_source(self) -> str:
         c = self.cluster
@@ -164,7 +192,7 @@ class RestClient(SlurmClient):
     def submit(self, req: SlurmBatchRequest, workdir: str | None, hold: bool) -> str:
         api = self.api
         body = api.submission(req, workdir or self.default_workdir or "/", hold, BATCH_ENV)
-        payload = self._call("POST", f"{api.SLURM}/job/submit", retry=False, json=body)
+        payload = self._call("POST", f"{self._slurm}/job/submit", retry=False, json=body)
         if not payload.get("job_id"):
             raise SubmitRefusedError(_describe(payload))
         if payload.get("errors"):  # a queued job's notes, e.g. "Job is in held state"
@@ -173,7 +201,7 @@ class RestClient(SlurmClient):
 
     def controller_jobs(self, job_ids: list[str]) -> tuple[dict[str, JobInfo], str | None]:
         try:
-            payload = self._call("GET", f"{self.api.SLURM}/jobs")
+            payload = self._call("GET", f"{self._ctl}/jobs")
         except TransportError as e:
             return {}, str(e)
         if payload.get("errors"):
@@ -185,7 +213,7 @@ class RestClient(SlurmClient):
         found: dict[str, JobInfo] = {}
         for job_id in array_query_ids(job_ids):  # (an array job's answer has every task)
             try:
-                payload = self._call("GET", f"{self.api.SLURMDB}/job/{job_id}")
+                payload = self._call("GET", f"{self._db}/job/{job_id}")
             except TransportError as e:
                 log.debug("accounting for %s: %s", job_id, e)
                 return None
@@ -195,23 +223,23 @@ class RestClient(SlurmClient):
         return found
 
     def user_jobs(self, marked: str | None = None) -> dict[str, JobInfo]:
-        payload = self._call("GET", f"{self.api.SLURM}/jobs")
+        payload = self._call("GET", f"{self._ctl}/jobs")
         if marked is not None:
             jobs = [j for j in payload.get("jobs") or [] if marked in str(j.get("comment") or "")]
             payload = {**payload, "jobs": jobs}
         return self.api.parse_jobs(payload, self.cluster.user)
 
     def user_accounting(self, since: str) -> dict[str, JobInfo]:
-        payload = self._call("GET", f"{self.api.SLURMDB}/jobs", params={"start_time": since})
+        payload = self._call("GET", f"{self._db}/jobs", params={"start_time": since})
         return self.api.parse_accounting(payload, self.cluster.user)
 
     def release(self, job_id: str) -> None:
-        payload = self._call("POST", f"{self.api.SLURM}/job/{job_id}", json={"hold": False})
+        payload = self._call("POST", f"{self._ctl}/job/{job_id}", json={"hold": False})
         if payload.get("errors"):
             log.debug("release %s: %s", job_id, _describe(payload))
 
     def cancel(self, job_id: str) -> None:
-        payload = self._call("DELETE", f"{self.api.SLURM}/job/{job_id}")
+        payload = self._call("DELETE", f"{self._ctl}/job/{job_id}")
         if payload.get("errors"):
             text = _describe(payload)
             if any(g in text for g in _GONE):
@@ -222,18 +250,26 @@ class RestClient(SlurmClient):
             )
 
     def set_comment(self, job_id: str, comment: str) -> None:
-        payload = self._call("POST", f"{self.api.SLURM}/job/{job_id}", json={"comment": comment})
+        payload = self._call("POST", f"{self._ctl}/job/{job_id}", json={"comment": comment})
         if payload.get("errors"):
             log.debug("comment of %s: %s", job_id, _describe(payload))
 
     def exclude_nodes(self, job_id: str, nodes: str) -> None:
-        raise RuntimeError(
-            f"cluster {self.cluster.name!r}: slurmrestd's v0.0.38 API cannot exclude nodes"
-        )
+        if not self.api.EXCLUDES_NODES:
+            raise RuntimeError(
+                f"cluster {self.cluster.name!r}: slurmrestd's {self._slurm.rpartition('/')[2]} API cannot"
+                " exclude nodes"
+            )
+        payload = self._call("POST", f"{self._slurm}/job/{job_id}", json={"excluded_nodes": nodes})
+        if payload.get("errors"):
+            raise RuntimeError(
+                f"cluster {self.cluster.name!r}: excluding {nodes} from job {job_id} failed:"
+                f" {_describe(payload)}"
+            )
 
     def partitions(self) -> tuple[dict[str, int], str | None]:
-        parts = self._call("GET", f"{self.api.SLURM}/partitions")
-        nodes = self._call("GET", f"{self.api.SLURM}/nodes")
+        parts = self._call("GET", f"{self._ctl}/partitions")
+        nodes = self._call("GET", f"{self._ctl}/nodes")
         return self.api.parse_partitions(parts, nodes)  # type: ignore[no-any-return]
 
     def close(self) -> None:
@@ -242,8 +278,17 @@ class RestClient(SlurmClient):
 
 def _describe(payload: dict[str, Any]) -> str:
     errors = payload.get("errors") or []
-    parts = [str(e.get("description") or e.get("error") or e) for e in errors]
+    parts = [_error_text(e) for e in errors]
     return "; ".join(parts) or f"HTTP {payload.get('_status')}"
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    """One error of an answer: slurmrestd's context (``Batch job submission failed``) and
+    Slurm's own message (``Invalid partition name specified``)."""
+    desc, text = str(error.get("description") or ""), str(error.get("error") or "")
+    if desc and text and text not in desc and text != "Unspecified error":
+        return f"{desc}: {text}"
+    return desc or text or str(error)
 
 
 def _auth_problem(payload: dict[str, Any]) -> bool:

@@ -1,8 +1,8 @@
 """slurmrestd's API v0.0.38 (Slurm 22.05): ``openapi/v0.0.38`` and ``openapi/dbv0.0.38``.
 
-Everything that depends on the API version is here: paths, the job properties of a
-submission, and how the answers map to :class:`JobInfo`. A newer version (v0.0.39-v0.0.42) is
-one more module with the same names, listed in ``rest.API_VERSIONS``.
+Everything that depends on the API version is here: the job properties of a submission, and
+how the answers map to :class:`JobInfo`. Newer versions (``rest_v0042``) are modules with the
+same names, listed in ``rest.API_VERSIONS``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from core.schedulers.slurm.jobinfo import (
 )
 from core.schedulers.slurm.script import EXCLUDE_MARK, SlurmBatchRequest, SlurmReplicaRequest
 
-VERSION = "v0.0.38"
-SLURM = "/slurm/v0.0.38"
-SLURMDB = "/slurmdb/v0.0.38"
+#: the versions this module speaks
+VERSIONS = ("v0.0.38",)
+#: whether a pending job's excluded nodes can be changed (``exclude_failed_nodes``)
+EXCLUDES_NODES = False
 
 #: sbatch options that map one to one onto job properties
 _PLAIN = {

@@ -289,6 +289,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             max_retries=max_retries,
             app_name=app.name,
             cluster=cluster,
+            slurm_bin=self._cluster(cluster).slurm_bin if cluster else None,
             result_replicas=result_replicas(cfg.get(RESULT_REPLICAS_OPT)),
             checkpoint_signal=limits.signal,
             max_requeues=requeue.max_requeues,
@@ -611,7 +612,7 @@ def _make_client(config: ClusterConfig | None) -> SlurmClient:
     if config is None:
         return CommandClient(LocalShell())
     if config.transport == "local":
-        return CommandClient(LocalShell(), config.remote_dir)
+        return CommandClient(LocalShell(config.slurm_bin), config.remote_dir)
     if config.transport == "ssh":
         from core.schedulers.slurm.ssh import SSHShell
 

@@ -72,6 +72,8 @@ def result_dir_name(job_id: str) -> str:
 _KEY_MARK = "shipyard-key="
 #: the word in a job's comment that asks to keep its requeues off failed nodes (``.nodefail``)
 EXCLUDE_MARK = "shipyard-exclude-failed"
+#: sbatch options of the whole job, not of one het component: the leader (component 0) has them
+JOB_WIDE = ("requeue", "no-requeue", "open-mode", "signal")
 _LOST_MARK = "shipyard-lost="
 _KEY_IN_COMMENT_RE = re.compile(r"(?:^|\s)shipyard-key=(\S+)")
 _SAFE_KEY_RE = re.compile(r"^[A-Za-z0-9_.:@+-]{1,100}$")
@@ -245,6 +247,8 @@ class SlurmBatchRequest:
     rank0: str = ""
     #: the named cluster the job goes to (None: this host's Slurm)
     cluster: str | None = None
+    #: the directory of the cluster's Slurm commands, if not on the job's ``PATH``
+    slurm_bin: str | None = None
     #: the idempotency key's token (see :func:`key_token`), also in every component's comment
     key: str | None = None
     #: whose results are collected: ``first`` (replica 0 of each role) or ``all``
@@ -271,9 +275,15 @@ class SlurmBatchRequest:
         het component to the next one that does not set it, and the only way to say "no
         request" after one that asked is ``--mem=0``, which claims whole nodes where memory is
         tracked. A later component without GPUs after one with them gets
-        ``--gpus-per-task=0`` (asks for none, as it should)."""
+        ``--gpus-per-task=0`` (asks for none, as it should). Options of the whole job
+        (:data:`JOB_WIDE`) move to the component that comes first, the het job's leader, whose
+        batch shell they concern."""
         self.rank0 = self.rank0 or next(iter(self.replicas), "")
         ordered = sorted(self.replicas.values(), key=lambda r: "mem" in r.sbatch_opts)
+        job_wide = {
+            k: r.sbatch_opts.pop(k) for r in ordered for k in JOB_WIDE if k in r.sbatch_opts
+        }
+        ordered[0].sbatch_opts.update(job_wide)
         seen_gpu = False
         for rep in ordered:
             if "gpus-per-task" in rep.sbatch_opts:
@@ -313,6 +323,7 @@ class SlurmBatchRequest:
             "",
             "export PYTHONUNBUFFERED=1",
             "export SLURM_UNBUFFEREDIO=1",
+            *([f'export PATH={shlex.quote(self.slurm_bin)}:"$PATH"'] if self.slurm_bin else []),
             f"# the node of rank 0 ({self.rank0 or names[0]}: het component {rank0}; a job of one"
             " component is not heterogeneous)",
             f'export {RANK0_ENV}="${{SLURM_JOB_NODELIST_HET_GROUP_{rank0}:-$SLURM_JOB_NODELIST}}"',

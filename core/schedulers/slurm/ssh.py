@@ -399,6 +399,7 @@ class SSHShell(Shell):
     def __init__(self, cluster: ClusterConfig) -> None:
         self._conn = connection(cluster)
         self.files = SFTPFiles(self._conn)
+        self.slurm_bin = cluster.slurm_bin
 
     def run(
         self,
@@ -409,7 +410,7 @@ class SSHShell(Shell):
         timeout: float = 60,
         retry: bool = True,
     ) -> CommandResult:
-        return self._conn.run(remote_command(argv, cwd), stdin, timeout, retry)
+        return self._conn.run(remote_command(self.slurm_argv(argv), cwd), stdin, timeout, retry)
 
     def home(self) -> str:
         return self._conn.home()

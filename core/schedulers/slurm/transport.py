@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import posixpath
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -54,6 +55,10 @@ class TransportError(BackendUnavailableError):
 
 class SubmitRefusedError(ShipyardError, RuntimeError):
     """Slurm refused the job (``str()`` is its message): nothing was queued."""
+
+
+#: the Slurm commands Shipyard runs (from the cluster's ``slurm_bin`` where it has one)
+SLURM_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "srun"})
 
 
 @dataclass
@@ -149,6 +154,14 @@ class Shell(abc.ABC):
     """Runs commands on the cluster's submit host."""
 
     files: Files
+    #: the directory of Slurm's commands (None: found on ``PATH``)
+    slurm_bin: str | None = None
+
+    def slurm_argv(self, argv: list[str]) -> list[str]:
+        """``argv`` with a Slurm command (``sbatch``) taken from :attr:`slurm_bin`."""
+        if self.slurm_bin and argv and argv[0] in SLURM_COMMANDS:
+            return [posixpath.join(self.slurm_bin, argv[0]), *argv[1:]]
+        return argv
 
     @abc.abstractmethod
     def run(
@@ -180,8 +193,9 @@ class Shell(abc.ABC):
 class LocalShell(Shell):
     """This host's Slurm commands (today's default: no cluster configured)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slurm_bin: str | None = None) -> None:
         self.files = LocalFiles()
+        self.slurm_bin = slurm_bin
 
     def run(
         self,
@@ -192,6 +206,7 @@ class LocalShell(Shell):
         timeout: float = 60,
         retry: bool = True,
     ) -> CommandResult:
+        argv = self.slurm_argv(argv)
         try:
             p = subprocess.run(
                 argv,

@@ -4,9 +4,9 @@
 # Submit with: sbatch --parsable <this file>
 # Logs: slurm-<job id>-<role>-<replica id>.out and .err in the job's directory.
 #
-#SBATCH --job-name=ps-0 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL
+#SBATCH --job-name=ps-0 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL --no-requeue
 #SBATCH hetjob
-#SBATCH --job-name=trainer-0 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL --cpus-per-task=2 --mem=1024 --no-requeue
+#SBATCH --job-name=trainer-0 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL --cpus-per-task=2 --mem=1024
 #SBATCH hetjob
 #SBATCH --job-name=trainer-1 --ntasks=1 --partition=debug --time=1:30:00 --comment="say \"hi\" \\ there" --constraint="fast&big" --mail-user=me@example.com --mail-type=END,FAIL --cpus-per-task=2 --mem=1024
 
