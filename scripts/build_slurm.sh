@@ -4,7 +4,7 @@
 # second run only checks it. For the test rig's second cluster (scripts/start_slurm26.sh), beside
 # Debian's 22.05; Shipyard itself never installs Slurm.
 #
-#   scripts/build_slurm.sh             # 26.05.3 (about 5.5 min on 2 cores)
+#   scripts/build_slurm.sh             # 26.05.3 (about 2 min on 2 cores)
 #   scripts/build_slurm.sh 26.05.3
 set -euo pipefail
 
@@ -14,7 +14,6 @@ VERSION=${1:-26.05.3}
 require_root
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENDOR=${SHIPYARD_VENDOR:-$ROOT/../shared/vendor}
 PREFIX=/opt/slurm-$VERSION
 DONE=$PREFIX/.shipyard-built
 # the ports of this version's daemons (22.05 keeps Slurm's defaults, 6817-6820)
@@ -24,8 +23,16 @@ if [ -f "$DONE" ]; then
     log "Slurm $VERSION: already built in $PREFIX"
     exit 0
 fi
-TARBALL=$VENDOR/slurm-$VERSION.tar.xz
-[ -f "$TARBALL" ] || die "no $TARBALL (set SHIPYARD_VENDOR to the directory holding it)"
+# the vendored sources: $SHIPYARD_VENDOR, else ../shared/vendor beside the clone or the workplace's
+TARBALL=
+for dir in ${SHIPYARD_VENDOR:-} "$ROOT/../shared/vendor" /work/shared/vendor; do
+    if [ -f "$dir/slurm-$VERSION.tar.xz" ]; then
+        TARBALL=$dir/slurm-$VERSION.tar.xz
+        break
+    fi
+done
+[ -n "$TARBALL" ] ||
+    die "no slurm-$VERSION.tar.xz in \$SHIPYARD_VENDOR, $ROOT/../shared/vendor or /work/shared/vendor"
 
 apt_install build-essential libmunge-dev libjson-c-dev libjwt-dev libhttp-parser-dev \
     libyaml-dev libmariadb-dev munge

@@ -113,6 +113,22 @@ PartitionName=urgent Nodes=s26n[1-3] MaxTime=INFINITE State=UP PriorityTier=10
 EOF
 )
 
+# Slurm's OCI containers (srun --container, Shipyard's container_runtime=oci): runc, rootless,
+# its state under /tmp (no systemd session makes /run/user/<uid> for the job's user); the
+# documentation's recommended "run" form (no polling)
+apt_install runc
+runc="/usr/sbin/runc --rootless=true --root=/tmp/shipyard-runc-%U"
+oci_changed=$(write_if_changed "$PREFIX/etc/oci.conf" 644 <<EOF
+# Written by shipyard scripts/start_slurm26.sh
+EnvExclude="^(SLURM_CONF|SLURM_CONF_SERVER)="
+RunTimeEnvExclude="^(SLURM_CONF|SLURM_CONF_SERVER)="
+RunTimeQuery="$runc state %n.%u.%j.%s.%t"
+RunTimeKill="$runc kill -a %n.%u.%j.%s.%t"
+RunTimeDelete="$runc delete --force %n.%u.%j.%s.%t"
+RunTimeRun="$runc run %n.%u.%j.%s.%t -b %b"
+EOF
+)
+
 if ! grep -qE '^127\.0\.0\.1[[:space:]].*\bs26n1\b' /etc/hosts; then
     echo "127.0.0.1 s26n1 s26n2 s26n3  # shipyard start_slurm26.sh" >>/etc/hosts
 fi
@@ -136,7 +152,7 @@ if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
     sacctmgr -i add cluster "$CLUSTER" >/dev/null
 fi
 
-if [ -n "$conf_changed" ]; then
+if [ -n "$conf_changed$oci_changed" ]; then
     for n in "${NODES[@]}"; do stop "$RUN/slurmd-$n.pid" slurmd; done
     stop "$RUN/slurmctld.pid" slurmctld
 fi

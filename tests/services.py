@@ -89,6 +89,38 @@ def slurm_remote_problem() -> str | None:
     return None
 
 
+#: where scripts/build_slurm.sh installs the current Slurm release of the second cluster
+SLURM26_PREFIX = "/opt/slurm-26.05.3"
+
+
+@cache
+def slurm26_problem() -> str | None:
+    """None if the Slurm 26.05 cluster of scripts/start_slurm26.sh answers, and the clients'
+    clusters file names it (``local26``, ``ssh26``, ``rest26``), else why not."""
+    import socket
+
+    problem = slurm_remote_problem()
+    if problem:
+        return problem
+    sinfo = os.path.join(SLURM26_PREFIX, "bin", "sinfo")
+    if not os.path.exists(sinfo):
+        return f"{sinfo} does not exist (scripts/build_slurm.sh builds it)"
+    try:
+        out = subprocess.run([sinfo, "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"sinfo of Slurm 26.05 failed ({e})"
+    if not any(s.startswith(("idle", "alloc", "mix")) for s in out.stdout.split()):
+        return f"Slurm 26.05 has no usable nodes: {out.stdout.split()} {out.stderr.strip()}"
+    with open(os.path.join(REMOTE_DIR, "clusters.yaml"), encoding="utf-8") as f:
+        if "\nrest26:" not in f.read():
+            return "the clusters file does not name rest26 (scripts/start_slurm26.sh adds it)"
+    try:
+        socket.create_connection(("127.0.0.1", 26820), timeout=3).close()
+    except OSError as e:
+        return f"slurmrestd 26.05 does not answer on 127.0.0.1:26820 ({e})"
+    return None
+
+
 #: where scripts/start_docker.sh keeps the TLS engine's client certificates (DOCKER_CERT_PATH
 #: layout) and the password of the registry that wants a login (user ``shipyard``)
 DOCKER_TLS_CLIENT_DIR = os.path.join(

@@ -8,10 +8,14 @@ found without queueing anything; every problem is reported, each naming its fiel
   on stdin, so no env value reaches an argv).
 - slurmrestd has no test-only submission: the partition is looked up and the memory asked
   for is compared with its nodes'; time and constraint are left to the submit (a warning).
+- Roles in containers (``container_runtime=oci``): the cluster has ``oci.conf`` beside its
+  ``slurm.conf`` (command transports; without it Slurm runs the command outside any
+  container), and a bundle given as the image has its ``config.json``.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 
@@ -51,9 +55,10 @@ def preflight(
     ``in_job_dir``: it is the job's own directory (else relative entrypoints, which resolve
     in a directory the submit creates, are not checked)."""
     try:
+        found = _container_problems(client, app, req)
         if not isinstance(client, CommandClient):
-            return _rest_problems(client, app, req)
-        found = _test_only(client, req, workdir)
+            return found + _rest_problems(client, app, req)
+        found += _test_only(client, req, workdir)
         if app is not None:
             found += _entrypoint_problems(client.shell, app, req, workdir, in_job_dir)
         return found
@@ -101,8 +106,8 @@ def _entrypoint_problems(
         rep = req.replicas.get(f"{role.name}-0")
         if rep is None:
             continue
-        if not in_job_dir and _in_new_dir(rep.entrypoint, req.job_dir):
-            continue
+        if rep.container or (not in_job_dir and _in_new_dir(rep.entrypoint, req.job_dir)):
+            continue  # (a container's entrypoint is in its image)
         path = shlex.quote(rep.env["PATH"]) if "PATH" in rep.env else '"$PATH"'
         lines.append(f"found {shlex.quote(rep.entrypoint)} {path} || echo {i}")
         checked[i] = rep.entrypoint
@@ -116,6 +121,38 @@ def _entrypoint_problems(
     return [
         Problem(f"roles[{i}].entrypoint", _not_found(checked[i], workdir)) for i in sorted(missing)
     ]
+
+
+def _container_problems(
+    client: SlurmClient, app: AppDef | None, req: SlurmBatchRequest
+) -> list[Problem]:
+    if not req.images:
+        return []
+    problems: list[Problem] = []
+    files = client.files
+    roles = {r.image: i for i, r in enumerate(app.roles)} if app else {}
+    for image in req.images:
+        config = posixpath.join(image.bundle or "", "config.json")
+        if image.bundle and files is not None and not files.exists(config):
+            field = f"roles[{roles.get(image.ref, 0)}].image"
+            problems.append(
+                Problem(field, f"no OCI bundle at {image.ref} on the cluster ({config})")
+            )
+    if not isinstance(client, CommandClient):
+        note = "oci.conf not checked over slurmrestd (a job without it stops with a message)"
+        return [*problems, Problem("cfg.container_runtime", note, "warning")]
+    p = client.shell.run(["scontrol", "show", "config"])
+    conf = re.search(r"^SLURM_CONF\s*=\s*(\S+)", p.stdout, re.M)
+    oci = posixpath.join(posixpath.dirname(conf.group(1)), "oci.conf") if conf else ""
+    if oci and files is not None and not files.exists(oci):
+        problems.append(
+            Problem(
+                "cfg.container_runtime",
+                f"oci: the cluster has no {oci} (Slurm's OCI support): Slurm would run the"
+                " roles outside any container",
+            )
+        )
+    return problems
 
 
 def _in_new_dir(entrypoint: str, job_dir: str | None) -> bool:

@@ -47,6 +47,7 @@ SlurmOpts = TypedDict(
         "max_requeues": int,
         "requeue_on_timeout": bool,
         "exclude_failed_nodes": bool,
+        "container_runtime": str,
     },
     total=False,
 )
@@ -94,7 +95,17 @@ def run_opts() -> runopts:
         type_=bool,
         default=False,
         help="keep a job requeued after a node failure (max_requeues) off the nodes that"
-        " failed, while a watch follows it (scontrol update ExcNodeList; not over slurmrestd)",
+        " failed, while a watch follows it (scontrol update ExcNodeList; not over slurmrestd"
+        " 22.05)",
+    )
+    opts.add(
+        "container_runtime",
+        type_=str,
+        default="none",
+        help="none (a role's image is not a container) or oci: each role with an image runs"
+        " in it (srun --container, the cluster's oci.conf); the image is a Docker image of"
+        " this host's engine, copied to the cluster once, or the absolute path of an OCI"
+        " bundle on the cluster",
     )
     return opts
 

@@ -30,6 +30,9 @@ from core.schedulers.api import (
     filter_regex,
 )
 from core.schedulers.slurm import checks, outcome
+from core.schedulers.slurm.containers import containerize
+from core.schedulers.slurm.containers import resolve as resolve_images
+from core.schedulers.slurm.containers import stage as stage_images
 from core.schedulers.slurm.jobinfo import JobInfo, app_state, task_ranges, to_response
 from core.schedulers.slurm.logs import TailChecks, read_lines
 from core.schedulers.slurm.nodefail import exclusion_comment, keep_off_failed_nodes
@@ -184,8 +187,6 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
                     f"roles[{i}].retry_policy: slurm supports only APPLICATION (the whole job is"
                     f" requeued), got {role.retry_policy.value}"
                 )
-            if role.mounts:
-                raise ValueError(f"roles[{i}].mounts: the slurm scheduler does not support mounts")
         cluster = _cfg_cluster(cfg)
         if cluster is not None:
             self._probe(cluster)
@@ -296,6 +297,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             timeout_requeue_in=_timeout_requeue_delay(limits.grace) if requeue.on_timeout else None,
         )
         req.order_components()
+        containerize(req, app, resolve_images(app, cfg), self.default_dir(cluster))
         return AppDryRunInfo(req, lambda r: r.materialize())
 
     def _keep_idempotency_key(
@@ -322,6 +324,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         client = self.client(req.cluster)
         workdir = req.job_dir or self.default_dir(req.cluster)
         created = self._prepare_workdir(client, req, workdir)
+        stage_images(client.files or LocalFiles(), req.images, req.oci_dir)
         try:
             job_id = client.submit(req, workdir, hold=bool(req.key))
         except SubmitRefusedError as e:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from core.limits import ATTEMPT_ENV, CHECKPOINT_DIR_ENV
 from core.reports import RESULT_FILE_ENV
+from core.schedulers.slurm.containers import Image
 from core.specs import CfgVal, Role, macros
 
 __all__ = [
@@ -142,6 +143,8 @@ class SlurmReplicaRequest:
     srun_opts: dict[str, str]
     sbatch_opts: dict[str, str | None]
     env: dict[str, str]
+    #: ``srun --container``'s bundle, a shell word (``container_runtime=oci``)
+    container: str | None = None
 
     @classmethod
     def from_role(
@@ -203,6 +206,8 @@ class SlurmReplicaRequest:
         prelude that sets the replica's variables from their private names (values never in
         argv), drops every component's private names, and runs the command."""
         srun = [f"--{k}={shell_quote(v, app_id_expr)}" for k, v in self.srun_opts.items()]
+        if self.container:
+            srun.append(f"--container={self.container}")
         sets = [f'{k}="${_private_name(index, i)}"' for i, k in enumerate(self.env)]
         sets.append(f'{RESULT_FILE_ENV}="${_RESULT_DIR}/{self.name}.json"')
         prelude = f"export {' '.join(sets)}; " + (
@@ -269,6 +274,12 @@ class SlurmBatchRequest:
     #: the job turns its own requeue off as it starts (for a submission that cannot ask for
     #: ``--no-requeue``: slurmrestd's v0.0.38 API ignores ``requeue: false``)
     requeue_off_in_script: bool = False
+    #: script lines that make the replicas' container bundles (``containers.bundle_lines``)
+    container_setup: list[str] = field(default_factory=list)
+    #: the Docker images to put on the cluster before submitting, and where
+    #: (``containers.stage``)
+    images: list[Image] = field(default_factory=list)
+    oci_dir: str = ""
 
     def order_components(self) -> None:
         """Puts the replicas that ask for no memory first: sbatch carries ``--mem`` from one
@@ -339,6 +350,7 @@ class SlurmBatchRequest:
         ]
         lines += self._array_values()
         lines += self._requeue_setup(app_expr)
+        lines += self.container_setup
         lines.append("# the replicas' environment, kept out of every command line")
         for i, rep in enumerate(reps):
             lines += rep.env_exports(i, app_expr)

@@ -320,6 +320,13 @@ class SFTPFiles(Files):
 
         self._conn.sftp(op)
 
+    def put(self, local: str, path: str, mode: int = 0o600) -> None:
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            await sftp.put(local, path)
+            await sftp.chmod(path, mode)
+
+        self._conn.sftp(op)
+
     def mkdir(self, path: str, mode: int = 0o700, parents: bool = False) -> bool:
         async def op(sftp: asyncssh.SFTPClient) -> bool:
             if parents:

@@ -15,6 +15,7 @@ import logging
 import os
 import posixpath
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Protocol
@@ -91,6 +92,10 @@ class Files(abc.ABC):
         """Writes ``path`` (created with ``mode``, readable by the owner only by default)."""
 
     @abc.abstractmethod
+    def put(self, local: str, path: str, mode: int = 0o600) -> None:
+        """Copies this host's file ``local`` to ``path`` (streamed: it may be large)."""
+
+    @abc.abstractmethod
     def mkdir(self, path: str, mode: int = 0o700, parents: bool = False) -> bool:
         """Creates directory ``path``; False if it already exists."""
 
@@ -128,6 +133,11 @@ class LocalFiles(Files):
         fd = os.open(self._local(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+
+    def put(self, local: str, path: str, mode: int = 0o600) -> None:
+        fd = os.open(self._local(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as dst, open(local, "rb") as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
 
     def mkdir(self, path: str, mode: int = 0o700, parents: bool = False) -> bool:
         local = self._local(path)

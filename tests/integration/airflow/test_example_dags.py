@@ -109,25 +109,33 @@ def test_slurm_job_dag(
     }
 
 
-@pytest.mark.parametrize("transport", ["ssh", "rest"])
+@pytest.mark.parametrize("transport", ["ssh", "rest", "ssh-26", "rest-26"])
 def test_slurm_job_dag_through_a_connection(
     run_dag: Any, transport: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The example DAG on a cluster reached through an Airflow connection only: no Slurm
-    command on the worker, no clusters file; the key and token stay out of logs and XCom."""
+    command on the worker, no clusters file; the key and token stay out of logs and XCom.
+    ``-26``: the Slurm 26.05 cluster, whose commands are off the login PATH (``slurm_bin``)."""
     import json as _json
     import uuid
 
-    from tests.integration.slurm.slurm_clusters import no_local_slurm, use_remote_clusters
+    from tests.integration.slurm.slurm_clusters import (
+        no_local_slurm,
+        slurm_release,
+        use_remote_clusters,
+    )
     from tests.services import REMOTE_DIR
 
     use_remote_clusters(monkeypatch, tmp_path)
+    release = slurm_release(transport)
     monkeypatch.delenv("SHIPYARD_CLUSTERS")
     no_local_slurm(monkeypatch, tmp_path)
     key = open(os.path.join(REMOTE_DIR, "userkey")).read()
+    transport = transport.removesuffix("-26")
     extra = {
         "scheduler": "slurm",
         "transport": transport,
+        **({"slurm_bin": release.bin} if release.bin != "/usr/bin" else {}),
         "private_key": key,
         "known_hosts": os.path.join(REMOTE_DIR, "known_hosts"),
         "remote_dir": "/home/hpcuser/shipyard",
@@ -136,11 +144,8 @@ def test_slurm_job_dag_through_a_connection(
                             "login": "hpcuser", "extra": extra}  # fmt: skip
     token = ""
     if transport == "rest":
-        token = subprocess.run(
-            ["/usr/bin/scontrol", "token", "username=hpcuser", "lifespan=600"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip().partition("=")[2]  # fmt: skip
-        extra["rest_url"] = "http://127.0.0.1:6820"
+        token = release.token()
+        extra["rest_url"] = release.rest_url
         conn["password"] = token
     conn_id = f"slurm_{transport}_{uuid.uuid4().hex[:6]}"
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", _json.dumps(conn))

@@ -208,23 +208,27 @@ def test_a_preempted_slurm_job_is_requeued_or_fails_preempted(
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("transport", ["ssh", "rest"])
+@pytest.mark.parametrize("transport", ["ssh", "rest", "ssh-26", "rest-26"])
 def test_flow_with_a_slurm_cluster_block(
     name: str, transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The flow reaches the cluster only through the block (no Slurm command on PATH, no
-    clusters file); the block is saved on the server and loaded by name in the flow."""
+    clusters file); the block is saved on the server and loaded by name in the flow. ``-26``:
+    the Slurm 26.05 cluster, whose commands are off the login PATH (``slurm_bin``)."""
     import os
     import uuid
 
     from prefect_tasks import SlurmCluster
-    from tests.integration.slurm.slurm_clusters import use_remote_clusters
+    from tests.integration.slurm.slurm_clusters import slurm_release, use_remote_clusters
     from tests.services import REMOTE_DIR
 
     use_remote_clusters(monkeypatch, tmp_path)
+    release = slurm_release(transport)
+    transport = transport.removesuffix("-26")
     monkeypatch.delenv("SHIPYARD_CLUSTERS")
     key = Path(REMOTE_DIR, "userkey").read_text()
     settings: dict[str, Any] = {
+        **({"slurm_bin": release.bin} if release.bin != "/usr/bin" else {}),
         "cluster_name": f"blk-{transport}-{uuid.uuid4().hex[:6]}",
         "transport": transport,
         "host": "127.0.0.1",
@@ -235,11 +239,8 @@ def test_flow_with_a_slurm_cluster_block(
         "remote_dir": "/home/hpcuser/shipyard",
     }
     if transport == "rest":
-        settings["rest_url"] = "http://127.0.0.1:6820"
-        settings["token"] = subprocess.run(
-            ["/usr/bin/scontrol", "token", "username=hpcuser", "lifespan=600"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip().partition("=")[2]  # fmt: skip
+        settings["rest_url"] = release.rest_url
+        settings["token"] = release.token()
     block_name = settings["cluster_name"]
     SlurmCluster(**settings).save(block_name)
     assert key.strip().splitlines()[1] not in repr(SlurmCluster.load(block_name))

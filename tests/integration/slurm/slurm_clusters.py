@@ -1,6 +1,8 @@
-"""The Slurm cluster as the tests reach it: through this host's commands (``local``), or as a
-client elsewhere would, through the SSH login node (``ssh``) or slurmrestd (``rest``) that
-``scripts/start_slurm_remote.sh`` puts in front of it.
+"""The Slurm clusters as the tests reach them: through this host's commands (``local``), or as
+a client elsewhere would, through the SSH login node (``ssh``) or slurmrestd (``rest``) that
+``scripts/start_slurm_remote.sh`` puts in front of it. Each transport reaches two clusters:
+Debian's Slurm 22.05 (``local``, ``ssh``, ``rest``) and Slurm 26.05 (``local-26``, ``ssh-26``,
+``rest-26``: ``scripts/start_slurm26.sh``, whose commands are not on ``PATH``).
 
 For the remote transports the test process has no Slurm command on ``PATH`` and no
 ``SLURM_CONF``: only the transport can reach the cluster. Jobs then run as ``hpcuser``; the
@@ -16,6 +18,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +26,31 @@ import pytest
 
 from core.schedulers.slurm_scheduler import SlurmScheduler
 from core.specs import AppDef, AppState
-from tests.services import REMOTE_DIR, require, slurm_problem, slurm_remote_problem
+from tests.services import (
+    REMOTE_DIR,
+    SLURM26_PREFIX,
+    require,
+    slurm26_problem,
+    slurm_problem,
+    slurm_remote_problem,
+)
 
 TRANSPORTS = ["local", "ssh", "rest"]
-#: the names of the clusters in scripts/start_slurm_remote.sh's clusters file
-CLUSTER_NAMES = {"local": None, "ssh": "ssh-login", "rest": "rest-api"}
+#: every transport to both releases: what the fixtures of the Slurm suite are parametrized over
+CLUSTERS = [*TRANSPORTS, "local-26", "ssh-26", "rest-26"]
+#: for the slowest tests (a minute each: requeues, time limits): every transport to 22.05, and
+#: slurmrestd to 26.05 (its CLI transports run the same batch script, which the other tests
+#: cover on both releases)
+SLOW_CLUSTERS = [*TRANSPORTS, "rest-26"]
+#: the names of the clusters in the clusters file (start_slurm_remote.sh, start_slurm26.sh)
+CLUSTER_NAMES = {
+    "local": None,
+    "ssh": "ssh-login",
+    "rest": "rest-api",
+    "local-26": "local26",
+    "ssh-26": "ssh26",
+    "rest-26": "rest26",
+}
 REMOTE_USER = "hpcuser"
 _SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "srun")
 #: this host's environment as the tests start: its Slurm commands, before a test hides them
@@ -48,11 +71,18 @@ def wait(pred: Callable[[], Any], timeout: float = 90, what: str = "condition") 
         delay = min(delay * 2, 0.5)
 
 
-def preempt_node(node: str) -> None:
+#: the administrator's environment on the 26.05 cluster (its commands first on PATH)
+ADMIN_ENV_26 = {**ADMIN_ENV, "PATH": f"{SLURM26_PREFIX}/bin:{ADMIN_ENV.get('PATH', '')}"}
+
+
+def preempt_node(node: str, env: dict[str, str] | None = None) -> None:
     """Preempts what runs on ``node``: a short job of the high-priority partition ``urgent``
-    that needs the whole node, submitted as the cluster's administrator."""
+    that needs the whole node, submitted as the cluster's administrator (``env``: the
+    administrator environment of the node's cluster, default 22.05's)."""
     argv = ["sbatch", "--parsable", "-p", "urgent", "-w", node, "-c", "2", "-o", "/dev/null"]
-    p = subprocess.run([*argv, "--wrap", "sleep 1"], env=ADMIN_ENV, capture_output=True, text=True)
+    p = subprocess.run(
+        [*argv, "--wrap", "sleep 1"], env=env or ADMIN_ENV, capture_output=True, text=True
+    )
     assert p.returncode == 0, p.stderr  # (it ends by itself within seconds)
 
 
@@ -60,18 +90,28 @@ class Cluster:
     """A scheduler for the test, the cluster it goes to, and clean-up of every job it
     submitted."""
 
-    def __init__(self, transport: str, scratch: Path) -> None:
-        self.transport = transport
-        self.name = CLUSTER_NAMES[transport]
+    def __init__(self, param: str, scratch: Path) -> None:
+        #: ``local``, ``ssh`` or ``rest``
+        self.transport = param.partition("-")[0]
+        #: ``22.05`` or ``26.05``
+        self.release = "26.05" if param.endswith("-26") else "22.05"
+        self.name = CLUSTER_NAMES[param]
+        #: the administrator's environment on this cluster (its Slurm commands on PATH)
+        self.admin_env = ADMIN_ENV_26 if self.release == "26.05" else ADMIN_ENV
         self.sched = SlurmScheduler("test")
         self.scratch = scratch
         #: a Python the job can run (the venv's lives under /root where hpcuser cannot go)
-        self.python = "/usr/bin/python3" if self.name else os.environ.get("PYTHON", "python3")
+        self.python = "/usr/bin/python3" if self.remote else os.environ.get("PYTHON", "python3")
         self.jobs: list[str] = []
 
     @property
     def remote(self) -> bool:
-        return self.name is not None
+        """True if the test reaches the cluster as a client elsewhere would (ssh, rest)."""
+        return self.transport != "local"
+
+    def preempt(self, node: str) -> None:
+        """Preempts what runs on ``node`` of this cluster (see :func:`preempt_node`)."""
+        preempt_node(node, self.admin_env)
 
     def cfg(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """``extra`` plus the run option that picks this cluster."""
@@ -108,6 +148,30 @@ class Cluster:
     def wait_done(self, app_id: str, timeout: float = 90) -> Any:
         ended = {AppState.SUCCEEDED, AppState.FAILED, AppState.CANCELLED}
         return self.wait_state(app_id, ended, timeout)
+
+
+@dataclass(frozen=True)
+class SlurmRelease:
+    """Where the tests find one of the two clusters' own parts."""
+
+    #: the directory of its Slurm commands
+    bin: str
+    #: its slurmrestd
+    rest_url: str
+
+    def token(self, user: str = REMOTE_USER, lifespan: int = 600) -> str:
+        """A JWT of ``user`` for its slurmrestd, made by its ``scontrol token``."""
+        argv = [f"{self.bin}/scontrol", "token", f"username={user}", f"lifespan={lifespan}"]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True, env=ADMIN_ENV)
+        return out.stdout.strip().partition("=")[2]
+
+
+def slurm_release(param: str) -> SlurmRelease:
+    """The release a test parameter (``rest``, ``ssh-26``...) reaches; checks that it runs."""
+    if param.endswith("-26"):
+        require("slurm26", slurm26_problem())
+        return SlurmRelease(f"{SLURM26_PREFIX}/bin", "http://127.0.0.1:26820")
+    return SlurmRelease("/usr/bin", "http://127.0.0.1:6820")
 
 
 def no_local_slurm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -149,12 +213,15 @@ def use_remote_clusters(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     no_local_slurm(monkeypatch, tmp_path)
 
 
-def make_cluster(
-    transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Cluster]:
-    """The body of the ``cluster`` fixtures: a :class:`Cluster` on ``transport``."""
+def make_cluster(param: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """The body of the ``cluster`` fixtures: a :class:`Cluster` on ``param`` (one of
+    :data:`CLUSTERS`)."""
     require("slurm", slurm_problem())
-    if transport == "local":
+    if param.endswith("-26"):
+        require("slurm26", slurm26_problem())
+    if param == "local-26":
+        monkeypatch.setenv("SHIPYARD_CLUSTERS", os.path.join(REMOTE_DIR, "clusters.yaml"))
+    if param.startswith("local"):
         # jobs without a job_dir run (and write their logs) in the submitting directory
         scratch = tmp_path / "submitdir"
         scratch.mkdir()
@@ -162,7 +229,7 @@ def make_cluster(
     else:
         use_remote_clusters(monkeypatch, tmp_path)
         scratch = remote_scratch()
-    c = Cluster(transport, scratch)
+    c = Cluster(param, scratch)
     yield c
     for app_id in c.jobs:
         try:
@@ -170,5 +237,5 @@ def make_cluster(
         except Exception:  # clean-up must not hide the test's own failure
             pass
     c.sched.close()
-    if transport != "local":
+    if c.remote:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -18,10 +18,10 @@ from core.arrays import native_app_id
 from core.runner import Runner, get_runner
 from core.specs import AppDef, AppState, Role, parse_app_handle
 from tests.integration import arrays
-from tests.integration.slurm.slurm_clusters import TRANSPORTS, Cluster, make_cluster, wait
+from tests.integration.slurm.slurm_clusters import CLUSTERS, Cluster, make_cluster, wait
 
 
-@pytest.fixture(params=TRANSPORTS)
+@pytest.fixture(params=CLUSTERS)
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:

@@ -20,10 +20,16 @@ import pytest
 
 from core.specs import AppDef, AppState, Resource, Role, make_app_handle
 from tests.integration.local.test_cli import SHIPYARD
-from tests.integration.slurm.slurm_clusters import Cluster, make_cluster, preempt_node, wait
+from tests.integration.slurm.slurm_clusters import (
+    CLUSTERS,
+    SLOW_CLUSTERS,
+    Cluster,
+    make_cluster,
+    wait,
+)
 
 
-@pytest.fixture(params=["local", "ssh", "rest"])
+@pytest.fixture(params=CLUSTERS)
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:
@@ -71,9 +77,10 @@ def _preempt_after(cluster: Cluster, app_id: str, ckpt: Path, steps: int, attemp
     )
     desc = cluster.sched.describe(app_id)
     assert desc is not None and desc.state == AppState.RUNNING and desc.num_restarts == attempt
-    preempt_node(desc.roles_statuses[0].replicas[0].hostname)
+    cluster.preempt(desc.roles_statuses[0].replicas[0].hostname)
 
 
+@pytest.mark.parametrize("cluster", SLOW_CLUSTERS, indirect=True)
 def test_a_job_preempted_twice_resumes_and_does_every_step_once(cluster: Cluster) -> None:
     job_dir, path = cluster.job_dir("training")
     app_id = cluster.submit(_training(60), {"job_dir": job_dir, "max_requeues": 2})
@@ -102,7 +109,7 @@ def test_a_job_preempted_twice_resumes_and_does_every_step_once(cluster: Cluster
     ]
 
 
-@pytest.mark.parametrize("cluster", ["local", "rest"], indirect=True)
+@pytest.mark.parametrize("cluster", ["local", "rest", "rest-26"], indirect=True)
 def test_a_preempted_job_without_requeues_ends_preempted(cluster: Cluster) -> None:
     job_dir, path = cluster.job_dir("training")
     app_id = cluster.submit(_training(600), {"job_dir": job_dir})
@@ -116,7 +123,7 @@ def test_a_preempted_job_without_requeues_ends_preempted(cluster: Cluster) -> No
     assert int(_lines(ckpt / "counter")[0]) == len(_lines(ckpt / "steps"))  # saved on SIGTERM
 
 
-@pytest.mark.parametrize("cluster", ["local"], indirect=True)
+@pytest.mark.parametrize("cluster", ["local", "rest-26"], indirect=True)
 def test_requeue_on_timeout_requeues_before_the_limit_and_resumes(cluster: Cluster) -> None:
     job_dir, path = cluster.job_dir("training")
     cfg = {

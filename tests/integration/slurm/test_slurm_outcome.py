@@ -17,7 +17,7 @@ from core.schedulers.slurm import outcome
 from core.schedulers.slurm.jobinfo import SEP
 from core.specs import AppDef, AppState, ReplicaStatus, Resource, Role, RoleStatus, make_app_handle
 from tests.integration.docker.usage_probe import MEASURE
-from tests.integration.slurm.slurm_clusters import TRANSPORTS, Cluster, make_cluster, wait
+from tests.integration.slurm.slurm_clusters import CLUSTERS, Cluster, make_cluster, wait
 
 WRITE = (
     "import json, os; json.dump({'rank': os.environ['SHIPYARD_REPLICA_ID'], 'ok': True},"
@@ -25,7 +25,7 @@ WRITE = (
 )
 
 
-@pytest.fixture(params=TRANSPORTS)
+@pytest.fixture(params=CLUSTERS)
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:

@@ -9,8 +9,10 @@ dropped SSH connection.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import signal
@@ -28,32 +30,34 @@ import pytest
 
 from core.clusters import ClusterConfig, ClusterError, Secret, load_clusters, register_cluster
 from core.runner import get_runner
+from core.schedulers.api import DescribeAppResponse, Stream
+from core.schedulers.slurm import rest_v0042
 from core.schedulers.slurm_scheduler import SlurmScheduler
-from core.specs import AppDef, AppState, Role
+from core.specs import AppDef, AppState, Role, is_terminal
 from core.transient import BackendUnavailableError
 from tests.helpers import ROOT
 from tests.integration.slurm.slurm_clusters import (
+    CLUSTERS,
     REMOTE_USER,
-    TRANSPORTS,
     Cluster,
     make_cluster,
     use_remote_clusters,
     wait,
 )
-from tests.services import REMOTE_DIR
+from tests.services import REMOTE_DIR, require, slurm26_problem
 
 REPO = ROOT
 SHIPYARD = [sys.executable, "-m", "core.cli"]
 
 
-@pytest.fixture(params=TRANSPORTS)
+@pytest.fixture(params=CLUSTERS)
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:
     yield from make_cluster(request.param, tmp_path, monkeypatch)
 
 
-@pytest.fixture(params=["ssh", "rest"])
+@pytest.fixture(params=["ssh", "rest", "ssh-26", "rest-26"])
 def remote(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:
@@ -212,7 +216,7 @@ def _bad_settings(
         url = request.getfixturevalue("v37_slurmrestd")
         return _rest(
             name, rest_url=url, token=Secret(_token())
-        ), r"rest_url: .* offers API versions \['v0.0.37'\]; shipyard speaks v0.0.38"
+        ), r"rest_url: .* offers API versions v0.0.37; shipyard speaks v0.0.45, .*, v0.0.38$"
     raise AssertionError(case)
 
 
@@ -406,6 +410,64 @@ def test_in_process_cluster_with_secrets_in_memory(
         status = runner.wait(h, timeout=90)
         assert status is not None and status.state == AppState.SUCCEEDED
         assert list(runner.log_lines(h, "w", 0)) == ["in memory\n"]
+
+
+@pytest.mark.parametrize("version", rest_v0042.VERSIONS)
+def test_each_api_version_of_slurm_26_runs_a_het_job_and_reads_its_accounting(
+    version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No API version ships untested: a client without any Slurm command pins each version
+    slurmrestd 26.05 serves, runs a het job with a failing role, and reads both the
+    controller's and accounting's record of it."""
+    require("slurm26", slurm26_problem())
+    use_remote_clusters(monkeypatch, tmp_path)
+    rest26 = load_clusters(os.path.join(REMOTE_DIR, "clusters.yaml"))["rest26"]
+    name = f"v{version[-2:]}-{uuid.uuid4().hex[:6]}"
+    register_cluster(dataclasses.replace(rest26, name=name, api_version=version))
+    sh = "/bin/sh"
+    app = AppDef(
+        "het",
+        [Role("ok", entrypoint=sh, args=["-c", "echo ok"]),
+         Role("bad", entrypoint=sh, args=["-c", "echo bad >&2; exit 3"])],
+    )  # fmt: skip
+    caplog.set_level(logging.DEBUG, logger="core.schedulers.slurm.rest")
+    sched = SlurmScheduler("test")
+    try:
+        app_id = sched.submit(app, {"cluster": name})
+        done = wait(lambda: _ended(sched, app_id), 90, f"the het job over {version}")
+        assert f"slurmrestd API {version}" in caplog.text
+        codes = {(r.role, r.exit_code) for rs in done.roles_statuses for r in rs.replicas}
+        assert done.state == AppState.FAILED and codes == {("ok", 0), ("bad", 3)}, done
+        client = sched.client(name)
+        acct = wait(lambda: client.accounting_jobs([app_id.partition(":")[2]]), 60, "accounting")
+        info = acct[app_id.partition(":")[2]]
+        assert sorted(c.exit_code for c in info.components.values()) == [0, 3]
+        assert list(sched.log_iter(app_id, "bad", 0, streams=Stream.STDERR)) == ["bad\n"]
+    finally:
+        sched.close()
+
+
+def test_a_pinned_api_version_the_server_lacks_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require("slurm26", slurm26_problem())
+    use_remote_clusters(monkeypatch, tmp_path)
+    rest26 = load_clusters(os.path.join(REMOTE_DIR, "clusters.yaml"))["rest26"]
+    name = f"pinned-{uuid.uuid4().hex[:6]}"
+    register_cluster(dataclasses.replace(rest26, name=name, api_version="v0.0.38"))
+    app = AppDef("never", [Role("w", entrypoint="/bin/true")])
+    with get_runner("pin") as runner, pytest.raises(ClusterError) as err:
+        runner.run(app, "slurm", {"cluster": name})
+    assert re.search(
+        r"api_version: .* offers API versions v0.0.42, v0.0.43, v0.0.44, v0.0.45;"
+        r" shipyard was asked for v0.0.38",
+        str(err.value),
+    ), err.value
+
+
+def _ended(sched: SlurmScheduler, app_id: str) -> DescribeAppResponse | None:
+    desc = sched.describe(app_id)
+    return desc if desc is not None and is_terminal(desc.state) else None
 
 
 def _sshd_children() -> set[int]:

@@ -38,7 +38,13 @@ from core.specs import (
     macros,
 )
 from tests.helpers import ROOT
-from tests.integration.slurm.slurm_clusters import TRANSPORTS, Cluster, make_cluster, wait
+from tests.integration.slurm.slurm_clusters import (
+    CLUSTERS,
+    SLOW_CLUSTERS,
+    Cluster,
+    make_cluster,
+    wait,
+)
 from tests.unit.core.hostile_inputs import AWKWARD_STRINGS, injection_strings
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -53,11 +59,12 @@ PY = sys.executable
 _wait = wait
 
 
-@pytest.fixture(params=TRANSPORTS)
+@pytest.fixture(params=CLUSTERS)
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:
-    """The real cluster through each transport: this host's commands, SSH, slurmrestd."""
+    """The real clusters (22.05, 26.05) through each transport: this host's commands, SSH,
+    slurmrestd."""
     yield from make_cluster(request.param, tmp_path, monkeypatch)
 
 
@@ -302,6 +309,7 @@ def test_run_opts_and_states() -> None:
         "max_requeues",  # issue 27: requeue on preemption, node failure (and the time limit)
         "requeue_on_timeout",
         "exclude_failed_nodes",  # issue 27: a requeue after a node failure kept off the node
+        "container_runtime",  # issue 28: roles in their images (srun --container)
     ]
     assert SLURM_STATES["COMPLETED"] == AppState.SUCCEEDED
     assert SLURM_STATES["OUT_OF_MEMORY"] == AppState.FAILED
@@ -542,7 +550,7 @@ def test_failing_replica_gives_failed_with_its_exit_code(cluster: Cluster) -> No
     acct = _accounted(cluster, job_id, 3)
     acct_reps = _replicas(jobinfo.to_response(acct))
     # (slurmrestd 22.05's accounting API reports 0 for a failed step's code: unknown, not 0)
-    code = None if cluster.transport == "rest" else 3
+    code = None if (cluster.transport, cluster.release) == ("rest", "22.05") else 3
     assert acct_reps[("ps", 0)].exit_code == code and acct_reps[("ps", 0)].state == AppState.FAILED
     assert acct_reps[("trainer", 1)].exit_code == 0
 
@@ -610,6 +618,7 @@ def test_job_dir_workspace_runs_in_its_snapshot(cluster: Cluster, tmp_path: Path
     assert out2.read_text() == f"{job_dir2}\n"
 
 
+@pytest.mark.parametrize("cluster", SLOW_CLUSTERS, indirect=True)
 def test_max_retries_requeues_the_job(cluster: Cluster, tmp_path: Path) -> None:
     job_dir_cfg, _ = cluster.job_dir("retry")
     marker = cluster.scratch / "attempted"
@@ -642,6 +651,7 @@ def test_max_retries_requeues_the_job(cluster: Cluster, tmp_path: Path) -> None:
     assert seen["state"] == "SUCCEEDED" and seen["num_restarts"] == 1
 
 
+@pytest.mark.parametrize("cluster", SLOW_CLUSTERS, indirect=True)
 def test_max_retries_exhausted_fails(cluster: Cluster) -> None:
     app = AppDef(
         "retryfail", [Role("bad", entrypoint="/bin/sh", args=_sh("exit 4"), max_retries=1)]
@@ -805,9 +815,8 @@ def test_unknown_partition_is_a_clear_error_and_queues_nothing(
 ) -> None:
     def queued() -> set[str]:
         # (the test harness asks the cluster itself: /usr/bin is not on the client's PATH)
-        out = subprocess.run(
-            ["/usr/bin/squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True
-        )
+        argv = ["squeue", "-h", "-t", "all", "-o", "%i"]
+        out = subprocess.run(argv, capture_output=True, env=cluster.admin_env)
         return set(out.stdout.decode().split())
 
     before = queued()

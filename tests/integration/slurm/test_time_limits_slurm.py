@@ -1,7 +1,8 @@
 """Time limits and the checkpoint signal on the real Slurm cluster: ``time_limit`` is
 ``--time`` (whole minutes), ``checkpoint_signal`` is ``--signal=B:SIG@grace``, passed on by the
-batch shell to the replica through ``srun`` (over slurmrestd, whose v0.0.38 API refuses ``B:``,
-``SIG@grace``: Slurm signals the job's steps itself); the job ends with reason ``timeout``."""
+batch shell to the replica through ``srun`` (over slurmrestd 22.05, whose v0.0.38 API refuses
+``B:``, ``SIG@grace``: Slurm signals the job's steps itself); the job ends with reason
+``timeout``. On both releases (``-26``: Slurm 26.05)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from core.specs import AppDef, AppState, Role
 from tests.integration.slurm.slurm_clusters import Cluster, make_cluster
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", "ssh", "local-26", "ssh-26", "rest-26"])
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:
     yield from make_cluster(request.param, tmp_path, monkeypatch)
 
 
-@pytest.mark.parametrize("cluster", ["local", "rest"], indirect=True)  # (ssh: local's script)
+@pytest.mark.parametrize("cluster", ["local", "rest", "rest-26"], indirect=True)  # (ssh: local's)
 def test_a_job_over_its_limit_gets_the_signal_then_ends_timeout(cluster: Cluster) -> None:
     record = cluster.scratch / "signals"
     script = f"trap 'echo USR1 >> {record}' USR1; while :; do sleep 1; done"
@@ -41,6 +42,7 @@ def test_a_job_in_time_is_left_alone(cluster: Cluster) -> None:
     assert cluster.wait_done(app_id).state == AppState.SUCCEEDED
 
 
+@pytest.mark.parametrize("cluster", ["local", "ssh", "rest-26"], indirect=True)
 def test_a_requeued_job_resumes_from_its_checkpoint_directory(cluster: Cluster) -> None:
     # (max_retries requeues the job itself: same job id, SLURM_RESTART_COUNT counts attempts)
     script = (
