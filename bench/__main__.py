@@ -2,7 +2,7 @@
 
     python -m bench                       # everything (skips backends whose service is missing)
     python -m bench --only local,startup  # some sections: local, arrays, docker, slurm, remote,
-                                          # airflow, prefect, startup
+                                          # containers, airflow, prefect, startup
     python -m bench --runs 9              # runs per row (medians; fast paths repeat more)
     python -m bench --json out.json       # default: bench/results/latest.json
     python -m bench --markdown            # also print the table as Markdown (for the README)
@@ -21,7 +21,17 @@ import tempfile
 import time
 from collections.abc import Callable
 
-SECTIONS = ("local", "arrays", "docker", "slurm", "remote", "airflow", "prefect", "startup")
+SECTIONS = (
+    "local",
+    "arrays",
+    "docker",
+    "slurm",
+    "remote",
+    "containers",
+    "airflow",
+    "prefect",
+    "startup",
+)
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
 
@@ -36,6 +46,8 @@ def _load(name: str) -> Callable[..., list]:  # type: ignore[type-arg]
         from bench import slurm_bench as m  # type: ignore[no-redef]
     elif name == "remote":
         from bench import remote_bench as m  # type: ignore[no-redef]
+    elif name == "containers":
+        from bench import containers_bench as m  # type: ignore[no-redef]
     elif name == "airflow":
         from bench import airflow_bench as m  # type: ignore[no-redef]
     elif name == "prefect":

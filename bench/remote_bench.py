@@ -3,7 +3,9 @@
 
 * SSH: OpenSSH's own client over a reused connection (``ControlMaster``) running the same
   ``sbatch`` (script on stdin), ``squeue`` query or ``cat`` of the log;
-* REST: one raw HTTP request (a reused ``requests`` session) of the same body or query.
+* REST: one raw HTTP request (a reused ``requests`` session) of the same body or query, to
+  Debian's slurmrestd 22.05 (API v0.0.38) and to Slurm 26.05's (``rest-26``: v0.0.45,
+  ``scripts/start_slurm26.sh``).
 
 Remote calls are counted inside the scheduler's transport (commands sent over SSH, HTTP
 requests to slurmrestd), so "calls per poll" is what actually reached the cluster.
@@ -37,7 +39,12 @@ from bench.harness import (
 SESSION = "benchremote"
 N_HANDLES = 100
 REMOTE_DIR = os.environ.get("SHIPYARD_REMOTE_DIR", "/var/lib/shipyard-remote")
-CLUSTERS = {"ssh": "ssh-login", "rest": "rest-api"}
+CLUSTERS = {"ssh": "ssh-login", "rest": "rest-api", "rest-26": "rest26"}
+#: each REST row's slurmrestd: its URL, the API version spoken, the scontrol that makes tokens
+SLURMRESTD = {
+    "rest": ("http://127.0.0.1:6820", "v0.0.38", "scontrol"),
+    "rest-26": ("http://127.0.0.1:26820", "v0.0.45", "/opt/slurm-26.05.3/bin/scontrol"),
+}
 USER = "hpcuser"
 
 ROWS: list[tuple[str, Target | None, str]] = [
@@ -86,19 +93,30 @@ class RawSSH:
 class RawREST:
     """One raw HTTP request per call, on a reused session, with the user's token."""
 
-    def __init__(self) -> None:
+    def __init__(self, transport: str) -> None:
         import requests
 
+        self.url, self.version, scontrol = SLURMRESTD[transport]
         token = subprocess.run(
-            ["scontrol", "token", f"username={USER}", "lifespan=3600"],
+            [scontrol, "token", f"username={USER}", "lifespan=3600"],
             capture_output=True, text=True, check=True,
         ).stdout.strip().partition("=")[2]  # fmt: skip
         self.session = requests.Session()
         self.session.headers.update({"X-SLURM-USER-NAME": USER, "X-SLURM-USER-TOKEN": token})
 
     def call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-        r = self.session.request(method, f"http://127.0.0.1:6820{path}", timeout=30, **kw)
+        r = self.session.request(method, f"{self.url}{path}", timeout=30, **kw)
         return r.json()  # type: ignore[no-any-return]
+
+    def submission(self, req: Any, workdir: str) -> dict[str, Any]:
+        """The body of ``POST job/submit`` for this API version (the scheduler's own mapping:
+        the raw side differs only in the HTTP call)."""
+        from core.schedulers.slurm.rest import API_VERSIONS
+
+        body: dict[str, Any] = API_VERSIONS[self.version].submission(
+            req, workdir, False, {"PATH": "/usr/bin:/bin"}
+        )
+        return body
 
 
 @contextlib.contextmanager
@@ -152,6 +170,10 @@ def run(ctx: Ctx) -> list[Row]:
     raw_ssh = RawSSH(ctx.tmp)
     try:
         for transport, cluster in CLUSTERS.items():
+            if transport == "rest-26" and not os.path.exists(SLURMRESTD[transport][2]):
+                rows = [r for r in ROWS if r[0].startswith(f"{transport}:")]
+                sec.skip_all("no Slurm 26.05 (scripts/start_slurm26.sh)", rows)
+                continue
             _rows(ctx, sec, runner, transport, cluster, raw_ssh)
     finally:
         raw_ssh.close()
@@ -168,7 +190,7 @@ def _rows(
     sched: Any = get_scheduler_factories()["slurm"](SESSION)
     cfg = {"cluster": cluster}
     client = sched.client(cluster)
-    raw_rest = RawREST() if transport == "rest" else None
+    raw_rest = RawREST(transport) if transport in SLURMRESTD else None
     workdir = sched.default_dir(cluster)
 
     def cancel(*job_ids: str) -> None:
@@ -191,10 +213,9 @@ def _rows(
         if raw_rest is None:
             job = raw_ssh.run(f"cd {workdir} && sbatch --parsable", req.materialize()).strip()
         else:
-            from core.schedulers.slurm import rest_v0038
-
-            body = rest_v0038.submission(req, workdir, False, {"PATH": "/usr/bin:/bin"})
-            job = str(raw_rest.call("POST", "/slurm/v0.0.38/job/submit", json=body)["job_id"])
+            body = raw_rest.submission(req, workdir)
+            path = f"/slurm/{raw_rest.version}/job/submit"
+            job = str(raw_rest.call("POST", path, json=body)["job_id"])
         dt = time.perf_counter() - t0
         cancel(job.split(";")[0])
         return dt
@@ -221,7 +242,7 @@ def _rows(
             if raw_rest is None:
                 out = raw_ssh.run(f"squeue -h -t all -j {job} -O '{SQUEUE_FORMAT}'")
             else:
-                out = str(raw_rest.call("GET", "/slurm/v0.0.38/jobs")["jobs"])
+                out = str(raw_rest.call("GET", f"/slurm/{raw_rest.version}/jobs")["jobs"])
             assert job in out
 
         sec.measure(

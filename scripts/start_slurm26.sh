@@ -117,6 +117,13 @@ EOF
 # its state under /tmp (no systemd session makes /run/user/<uid> for the job's user); the
 # documentation's recommended "run" form (no polling)
 apt_install runc
+# Pyxis (srun --container-image, container_runtime=pyxis) over enroot, built once per machine
+bash "$HERE/build_enroot_pyxis.sh"
+plug_changed=$(write_if_changed "$PREFIX/etc/plugstack.conf" 644 <<EOF
+# Written by shipyard scripts/start_slurm26.sh
+required /opt/pyxis-0.24.0/lib/slurm/spank_pyxis.so
+EOF
+)
 runc="/usr/sbin/runc --rootless=true --root=/tmp/shipyard-runc-%U"
 oci_changed=$(write_if_changed "$PREFIX/etc/oci.conf" 644 <<EOF
 # Written by shipyard scripts/start_slurm26.sh
@@ -152,7 +159,7 @@ if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
     sacctmgr -i add cluster "$CLUSTER" >/dev/null
 fi
 
-if [ -n "$conf_changed$oci_changed" ]; then
+if [ -n "$conf_changed$oci_changed$plug_changed" ]; then
     for n in "${NODES[@]}"; do stop "$RUN/slurmd-$n.pid" slurmd; done
     stop "$RUN/slurmctld.pid" slurmctld
 fi

@@ -178,8 +178,9 @@ def check_submitter_killed(
         [sys.executable, "-c", _SUBMITTER, json.dumps(spec)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=ROOT,
-        env={**os.environ},
+        # (the test's directory: jobs of this host's Slurm write their logs where submitted)
+        cwd=os.getcwd(),
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert proc.stdout is not None

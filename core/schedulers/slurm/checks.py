@@ -8,9 +8,10 @@ found without queueing anything; every problem is reported, each naming its fiel
   on stdin, so no env value reaches an argv).
 - slurmrestd has no test-only submission: the partition is looked up and the memory asked
   for is compared with its nodes'; time and constraint are left to the submit (a warning).
-- Roles in containers (``container_runtime=oci``): the cluster has ``oci.conf`` beside its
-  ``slurm.conf`` (command transports; without it Slurm runs the command outside any
-  container), and a bundle given as the image has its ``config.json``.
+- Roles in containers (``container_runtime``): over the command transports, the cluster has
+  ``oci.conf`` beside its ``slurm.conf`` (``oci``: without it Slurm runs the command outside
+  any container) or its ``srun`` has ``--container-image`` (``pyxis``); a bundle given as the
+  image has its ``config.json``.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _entrypoint_problems(
         rep = req.replicas.get(f"{role.name}-0")
         if rep is None:
             continue
-        if rep.container or (not in_job_dir and _in_new_dir(rep.entrypoint, req.job_dir)):
+        if rep.container_opts or (not in_job_dir and _in_new_dir(rep.entrypoint, req.job_dir)):
             continue  # (a container's entrypoint is in its image)
         path = shlex.quote(rep.env["PATH"]) if "PATH" in rep.env else '"$PATH"'
         lines.append(f"found {shlex.quote(rep.entrypoint)} {path} || echo {i}")
@@ -139,8 +140,14 @@ def _container_problems(
                 Problem(field, f"no OCI bundle at {image.ref} on the cluster ({config})")
             )
     if not isinstance(client, CommandClient):
-        note = "oci.conf not checked over slurmrestd (a job without it stops with a message)"
+        note = "the runtime is not checked over slurmrestd (a job without it stops with a message)"
         return [*problems, Problem("cfg.container_runtime", note, "warning")]
+    if req.images[0].runtime == "pyxis":
+        p = client.shell.run(["srun", "--help"])
+        if "--container-image" not in p.stdout + p.stderr:
+            text = "pyxis: the cluster's srun has no --container-image (Pyxis is not installed)"
+            problems.append(Problem("cfg.container_runtime", text))
+        return problems
     p = client.shell.run(["scontrol", "show", "config"])
     conf = re.search(r"^SLURM_CONF\s*=\s*(\S+)", p.stdout, re.M)
     oci = posixpath.join(posixpath.dirname(conf.group(1)), "oci.conf") if conf else ""

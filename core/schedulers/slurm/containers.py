@@ -10,11 +10,18 @@ its own in the job's directory (:func:`bundle_lines`): the image's environment, 
 directory and entrypoint, the role's bind mounts, the job's directory at its own path (results,
 checkpoints, logs) and a private ``/tmp``.
 
+``pyxis``: each such replica runs in it through Pyxis and enroot (``srun --container-image``,
+``--container-mounts``, ``--container-workdir``), which import the image themselves (from a
+registry: ``registry:port/repo:tag`` is given to enroot as ``registry:port#repo:tag``; a
+squashfs file path is used as is); the image's ``ENV``, ``WORKDIR`` and ``ENTRYPOINT`` are
+applied as on Docker where this host's engine has the image.
+
 ``none`` (the default): the role's ``image`` is not a container (as before).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -37,7 +44,7 @@ log = logging.getLogger(__name__)
 __all__ = ["RUNTIMES", "RUNTIME_OPT", "Image", "containerize", "resolve", "runtime", "stage"]
 
 RUNTIME_OPT = "container_runtime"
-RUNTIMES = ("none", "oci")
+RUNTIMES = ("none", "oci", "pyxis")
 #: where the exported images live, under the cluster's default directory
 OCI_DIR = ".shipyard-oci"
 _TEMPLATE_MOUNTS: list[dict[str, Any]] = [
@@ -63,6 +70,8 @@ class Image:
 
     #: the role's ``image`` as given
     ref: str
+    #: ``oci`` or ``pyxis``
+    runtime: str = "oci"
     #: an OCI bundle on the cluster given as the image (an absolute path): used as is
     bundle: str | None = None
     #: the Docker engine's image id (``sha256:...``)
@@ -88,29 +97,64 @@ def runtime(cfg: Mapping[str, CfgVal]) -> str:
 
 def resolve(app: AppDef, cfg: Mapping[str, CfgVal]) -> dict[str, Image]:
     """The image of each role that runs in a container (by role name): none unless
-    ``container_runtime`` is ``oci``. Checks the roles' images and mounts, naming the field.
+    ``container_runtime`` is ``oci`` or ``pyxis``. Checks the roles' images and mounts,
+    naming the field.
 
     Raises:
-        ValueError: an image that is neither a bundle path nor in this host's Docker engine, a
-            mount Slurm cannot give, or mounts without a container.
+        ValueError: (``oci``) an image that is neither a bundle path nor in this host's Docker
+            engine; a mount Slurm cannot give, or mounts without a container.
     """
-    oci = runtime(cfg) == "oci"
+    kind = runtime(cfg)
     images: dict[str, Image] = {}
     for i, role in enumerate(app.roles):
         for m in role.mounts:
-            if not oci or not role.image:
-                raise ValueError(
-                    f"roles[{i}].mounts: on Slurm only a role in a container has mounts"
-                    f" (cfg.{RUNTIME_OPT}=oci and an image)"
-                )
-            if not isinstance(m, BindMount):
-                raise ValueError(
-                    f"roles[{i}].mounts: Slurm containers take bind mounts only, got"
-                    f" {type(m).__name__}"
-                )
-        if oci and role.image:
+            _check_mount(i, m, kind if role.image else "none")
+        if kind == "oci" and role.image:
             images[role.name] = _image(i, role.image)
+        elif kind == "pyxis" and role.image:
+            images[role.name] = _pyxis_image(role.image)
     return images
+
+
+def _check_mount(index: int, mount: object, kind: str) -> None:
+    if kind == "none":
+        raise ValueError(
+            f"roles[{index}].mounts: on Slurm only a role in a container has mounts"
+            f" (cfg.{RUNTIME_OPT}=oci or pyxis, and an image)"
+        )
+    if not isinstance(mount, BindMount):
+        raise ValueError(
+            f"roles[{index}].mounts: Slurm containers take bind mounts only, got"
+            f" {type(mount).__name__}"
+        )
+    if kind == "pyxis" and any(c in mount.src_path + mount.dst_path for c in ",:"):
+        raise ValueError(
+            f"roles[{index}].mounts: Pyxis cannot mount a path with ',' or ':'"
+            f" ({mount.src_path} -> {mount.dst_path})"
+        )
+
+
+def _pyxis_image(ref: str) -> Image:
+    """Pyxis imports the image itself; this host's engine, if it has it, tells its ``ENV``,
+    ``WORKDIR`` and ``ENTRYPOINT``."""
+    try:
+        known = _image(0, ref) if not ref.startswith("/") else None
+    except ValueError:
+        known = None
+    if known is None:
+        return Image(ref=ref, runtime="pyxis", workdir="")
+    return dataclasses.replace(known, runtime="pyxis", image_id="")
+
+
+def enroot_ref(ref: str) -> str:
+    """A Docker image reference as enroot names it: ``reg:5000/repo:tag`` ->
+    ``reg:5000#repo:tag`` (Docker Hub names, paths and enroot's own forms are kept)."""
+    if ref.startswith(("/", ".")) or "://" in ref or "#" in ref:
+        return ref
+    first, sep, rest = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return ref
 
 
 def _image(index: int, ref: str) -> Image:
@@ -149,7 +193,7 @@ def _image(index: int, ref: str) -> Image:
 def stage(files: Files, images: Iterable[Image], oci_dir: str) -> None:
     """Puts each Docker image's file system on the cluster (``<oci_dir>/<key>.tar``), unless
     an earlier job put it there; a ``.done`` file marks a complete copy."""
-    for image in {i.key: i for i in images if i.bundle is None}.values():
+    for image in {i.key: i for i in images if i.bundle is None and i.runtime == "oci"}.values():
         done = posixpath.join(oci_dir, f"{image.key}.done")
         if files.exists(done):
             continue
@@ -187,21 +231,17 @@ def _mb(path: str) -> int:
 def containerize(
     req: SlurmBatchRequest, app: AppDef, images: Mapping[str, Image], base: str | None
 ) -> None:
-    """Runs each replica of the roles in ``images`` in its image: the bundle made by the
-    script (or the bundle given), the image's environment under the role's, and the image's
-    entrypoint before the role's command (as the Docker engine runs it). ``base``: the
-    cluster's default directory, where the images go (None: this host's home)."""
+    """Runs each replica of the roles in ``images`` in its image: the image's environment
+    under the role's, and its entrypoint before the role's command (as the Docker engine runs
+    it). ``base``: the cluster's default directory, where ``oci`` images go (None: this
+    host's home)."""
     if not images:
         return
+    kind = next(iter(images.values())).runtime
     oci_dir = posixpath.join(base or os.path.expanduser("~/.cache/shipyard"), OCI_DIR)
     req.images, req.oci_dir = list(images.values()), oci_dir
-    note = "shipyard: the cluster has no oci.conf (Slurm's OCI support): no container"
-    req.container_setup += [
-        "# the replicas' containers (container_runtime=oci)",
-        f'[ -f "$(dirname "${{SLURM_CONF:-/etc/slurm/slurm.conf}}")/oci.conf" ] ||'
-        f" {{ echo {shlex.quote(note)} >&2; exit 1; }}",
-    ]
-    if any(i.bundle is None for i in images.values()):
+    req.container_setup += [f"# the replicas' containers (container_runtime={kind})", _CHECKS[kind]]
+    if any(i.bundle is None and i.runtime == "oci" for i in images.values()):
         req.container_setup += ROOTFS_FUNCTION
     for role in app.roles:
         image = images.get(role.name)
@@ -209,12 +249,39 @@ def containerize(
             assert image is not None
             rep = req.replicas[f"{role.name}-{replica_id}"]
             mounts = [m for m in role.mounts if isinstance(m, BindMount)]
-            req.container_setup += bundle_lines(rep.name, image, mounts, oci_dir)
-            rep.container = shlex.quote(image.bundle) if image.bundle else bundle_dir(rep.name)
+            if kind == "pyxis":
+                rep.container_opts = _pyxis_opts(image, mounts)
+            else:
+                req.container_setup += bundle_lines(rep.name, image, mounts, oci_dir)
+                bundle = shlex.quote(image.bundle) if image.bundle else bundle_dir(rep.name)
+                rep.container_opts = [f"--container={bundle}"]
             rep.env = {**image.env, **rep.env}
             if image.entrypoint:
                 rep.args = [*image.entrypoint[1:], rep.entrypoint, *rep.args]
                 rep.entrypoint = image.entrypoint[0]
+
+
+#: what the job checks first: the cluster can run the containers (else Slurm would run the
+#: command outside any container, or srun would fail on an option it does not know)
+_CHECKS = {
+    "oci": '[ -f "$(dirname "${SLURM_CONF:-/etc/slurm/slurm.conf}")/oci.conf" ] || { echo'
+    " 'shipyard: the cluster has no oci.conf (Slurm OCI support): no container' >&2; exit 1; }",
+    "pyxis": "srun --help 2>&1 | grep -q -- --container-image || { echo 'shipyard: the"
+    " cluster has no Pyxis (srun --container-image)' >&2; exit 1; }",
+}
+
+
+def _pyxis_opts(image: Image, mounts: list[BindMount]) -> list[str]:
+    """``srun``'s Pyxis options (shell words): the image, the job's directory and the role's
+    bind mounts, the image's working directory."""
+    binds = "".join(f",{m.src_path}:{m.dst_path}{':ro' if m.read_only else ''}" for m in mounts)
+    opts = [
+        f"--container-image={shlex.quote(enroot_ref(image.ref))}",
+        f'--container-mounts="$PWD:$PWD"{shlex.quote(binds) if binds else ""}',
+    ]
+    if image.workdir:
+        opts.append(f"--container-workdir={shlex.quote(image.workdir)}")
+    return opts
 
 
 def bundle_dir(replica: str) -> str:

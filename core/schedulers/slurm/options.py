@@ -102,10 +102,10 @@ def run_opts() -> runopts:
         "container_runtime",
         type_=str,
         default="none",
-        help="none (a role's image is not a container) or oci: each role with an image runs"
-        " in it (srun --container, the cluster's oci.conf); the image is a Docker image of"
-        " this host's engine, copied to the cluster once, or the absolute path of an OCI"
-        " bundle on the cluster",
+        help="none (a role's image is not a container), oci: each role with an image runs in"
+        " it (srun --container, the cluster's oci.conf; the image is a Docker image of this"
+        " host's engine, copied to the cluster once, or the absolute path of an OCI bundle on"
+        " the cluster), or pyxis (srun --container-image: Pyxis and enroot import the image)",
     )
     return opts
 

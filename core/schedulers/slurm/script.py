@@ -143,8 +143,8 @@ class SlurmReplicaRequest:
     srun_opts: dict[str, str]
     sbatch_opts: dict[str, str | None]
     env: dict[str, str]
-    #: ``srun --container``'s bundle, a shell word (``container_runtime=oci``)
-    container: str | None = None
+    #: ``srun``'s container options, shell words (``container_runtime``: ``--container=``...)
+    container_opts: list[str] = field(default_factory=list)
 
     @classmethod
     def from_role(
@@ -206,8 +206,7 @@ class SlurmReplicaRequest:
         prelude that sets the replica's variables from their private names (values never in
         argv), drops every component's private names, and runs the command."""
         srun = [f"--{k}={shell_quote(v, app_id_expr)}" for k, v in self.srun_opts.items()]
-        if self.container:
-            srun.append(f"--container={self.container}")
+        srun += self.container_opts
         sets = [f'{k}="${_private_name(index, i)}"' for i, k in enumerate(self.env)]
         sets.append(f'{RESULT_FILE_ENV}="${_RESULT_DIR}/{self.name}.json"')
         prelude = f"export {' '.join(sets)}; " + (

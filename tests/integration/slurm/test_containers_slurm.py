@@ -1,8 +1,9 @@
-"""Roles in containers on the real Slurm 26.05 cluster (``container_runtime=oci``): Slurm's
-own ``srun --container`` over runc (``scripts/start_slurm26.sh`` writes its ``oci.conf``), the
-image built by this host's Docker engine and copied to the cluster by Shipyard, through every
-transport; and the Slurm 22.05 cluster, which has no ``oci.conf``, as the cluster that lacks
-the runtime."""
+"""Roles in containers on the real Slurm 26.05 cluster, through every transport:
+``container_runtime=oci`` (Slurm's own ``srun --container`` over runc; ``scripts/
+start_slurm26.sh`` writes its ``oci.conf``; the image built by this host's Docker engine and
+copied to the cluster by Shipyard) and ``container_runtime=pyxis`` (Pyxis and enroot, built by
+``scripts/build_enroot_pyxis.sh``, import the image from the loopback registry); and the Slurm
+22.05 cluster, which has neither, as the cluster that lacks the runtime."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tests.integration.slurm.slurm_clusters import Cluster, make_cluster
 from tests.services import docker_problem, require
 
 PROBE = "shipyard-test/oci-probe:latest"
+#: the same image in the loopback registry of scripts/start_docker.sh (for Pyxis)
+REGISTRY_PROBE = f"127.0.0.1:5000/{PROBE}"
 _DOCKERFILE = """FROM shipyard-test/busybox:latest
 RUN echo 'ID=shipyard-oci-probe' > /etc/os-release && mkdir -p /work
 ENV GREETING=from-image
@@ -38,6 +41,8 @@ def probe_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     subprocess.run(
         ["docker", "build", "-q", "-t", PROBE, str(ctx)], check=True, capture_output=True
     )
+    subprocess.run(["docker", "tag", PROBE, REGISTRY_PROBE], check=True)
+    subprocess.run(["docker", "push", "-q", REGISTRY_PROBE], check=True, capture_output=True)
     return PROBE
 
 
@@ -77,15 +82,17 @@ def _probe_app(image: str, data: Path) -> AppDef:
     return AppDef("oci", [role])
 
 
+@pytest.mark.parametrize("runtime", ["oci", "pyxis"])
 def test_a_role_runs_in_its_image_with_its_mount_and_env(
-    cluster: Cluster, probe_image: str
+    cluster: Cluster, probe_image: str, runtime: str
 ) -> None:
     data = cluster.scratch / "data"
     data.mkdir()
     (data / "in").write_text("from the host\n")
     if cluster.remote:
         subprocess.run(["chown", "-R", "hpcuser:hpcuser", str(data)], check=True)
-    app_id = cluster.submit(_probe_app(probe_image, data), {"container_runtime": "oci"})
+    image = probe_image if runtime == "oci" else REGISTRY_PROBE
+    app_id = cluster.submit(_probe_app(image, data), {"container_runtime": runtime})
     done = cluster.wait_done(app_id)
     assert done.state == AppState.SUCCEEDED, done
     lines = list(cluster.sched.log_iter(app_id, "probe", 0))
@@ -128,21 +135,26 @@ def test_a_bundle_path_is_used_as_is(local26: Cluster, tmp_path: Path) -> None:
     assert "none\n" in lines and "usr\n" in lines  # (busybox's file system: no os-release)
 
 
-def test_a_cluster_without_oci_conf_is_named_before_and_stops_the_job(
-    local22: Cluster, probe_image: str
+@pytest.mark.parametrize(
+    ("runtime", "missing"),
+    [("oci", "the cluster has no oci.conf"), ("pyxis", "the cluster has no Pyxis")],
+)
+def test_a_cluster_without_the_runtime_is_named_before_and_stops_the_job(
+    local22: Cluster, probe_image: str, runtime: str, missing: str
 ) -> None:
-    """Slurm 22.05 here has no oci.conf: Slurm would run the command outside any container."""
+    """Slurm 22.05 here has neither oci.conf (Slurm would run the command outside any
+    container) nor Pyxis (its srun would refuse the option)."""
     cluster = local22
-    app = AppDef("no-oci", [Role("w", image=probe_image, entrypoint="sh", args=["-c", "true"])])
-    dryrun = cluster.sched.submit_dryrun(app, {"container_runtime": "oci"})
-    problems = cluster.sched.preflight(dryrun)
-    runtime = [p for p in problems if p.field == "cfg.container_runtime"]
-    assert runtime and "oci.conf" in runtime[0].message and runtime[0].severity == "error"
-    app_id = cluster.submit(app, {"container_runtime": "oci"})
+    app = AppDef("no-rt", [Role("w", image=probe_image, entrypoint="sh", args=["-c", "true"])])
+    dryrun = cluster.sched.submit_dryrun(app, {"container_runtime": runtime})
+    problems = [p for p in cluster.sched.preflight(dryrun) if p.field == "cfg.container_runtime"]
+    assert problems and problems[0].severity == "error", problems
+    assert ("oci.conf" if runtime == "oci" else "--container-image") in problems[0].message
+    app_id = cluster.submit(app, {"container_runtime": runtime})
     done = cluster.wait_done(app_id)
     assert done.state == AppState.FAILED
     batch = Path(f"slurm-{cluster.job_id(app_id)}.out").read_text()
-    assert "shipyard: the cluster has no oci.conf" in batch
+    assert f"shipyard: {missing}" in batch
 
 
 def test_bad_images_and_mounts_are_refused_before_anything_is_queued(local26: Cluster) -> None:
@@ -157,7 +169,7 @@ def test_bad_images_and_mounts_are_refused_before_anything_is_queued(local26: Cl
     bind = Role("w", entrypoint="true", mounts=[BindMount("/tmp", "/t")])
     with pytest.raises(ValueError, match=r"roles\[0\]\.mounts: on Slurm only a role in a"):
         cluster.submit(AppDef("x", [bind]))
-    with pytest.raises(ValueError, match=r"cfg\.container_runtime: expected one of none, oci"):
+    with pytest.raises(ValueError, match=r"cfg\.container_runtime: expected one of none, oci,"):
         cluster.submit(AppDef("x", [Role("w", entrypoint="true")]), {"container_runtime": "docker"})
     assert cluster.jobs == []
 
