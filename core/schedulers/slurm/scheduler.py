@@ -31,8 +31,8 @@ from core.schedulers.api import (
 )
 from core.schedulers.slurm import checks, outcome
 from core.schedulers.slurm.containers import containerize
-from core.schedulers.slurm.containers import resolve as resolve_images
 from core.schedulers.slurm.containers import stage as stage_images
+from core.schedulers.slurm.images import resolve as resolve_images
 from core.schedulers.slurm.jobinfo import JobInfo, app_state, task_ranges, to_response
 from core.schedulers.slurm.logs import TailChecks, read_lines
 from core.schedulers.slurm.nodefail import exclusion_comment, keep_off_failed_nodes

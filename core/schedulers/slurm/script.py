@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from core.limits import ATTEMPT_ENV, CHECKPOINT_DIR_ENV
 from core.reports import RESULT_FILE_ENV
-from core.schedulers.slurm.containers import Image
+from core.schedulers.slurm.images import Image
 from core.specs import CfgVal, Role, macros
 
 __all__ = [

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from core.mounts import BindMount
-from core.schedulers.slurm.containers import Image, containerize, enroot_ref, resolve
+from core.schedulers.slurm.containers import containerize
+from core.schedulers.slurm.images import Image, enroot_ref, resolve
 from core.schedulers.slurm_scheduler import SlurmScheduler
 from core.specs import AppDef, Role
 
