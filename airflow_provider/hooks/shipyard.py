@@ -245,8 +245,54 @@ class ShipyardHook(BaseHook):
             return get_runner()
         return get_runner(scheduler_factories=docker_scheduler_factories(self._engine))
 
+    def test_connection(self) -> tuple[bool, str]:
+        """Reaches the connection's backend once, as the connection form's Test button and
+        ``airflow connections test`` do: a Slurm cluster answers ``sinfo --version`` (this
+        host's or its login node's) or slurmrestd's ping, a Docker engine its version. The
+        message names what answered, or why nothing did (never a secret)."""
+        try:
+            scheduler, _, cluster = self.settings()
+            if cluster is not None or scheduler == "slurm":
+                return True, _slurm_version(cluster)
+            if self._engine is not None or scheduler == "local_docker":
+                return True, _docker_version(self._engine)
+            return True, f"scheduler {scheduler or 'default'}: runs on the worker, nothing to reach"
+        except Exception as e:  # (the form shows the message: any failure is the answer)
+            return False, f"{type(e).__name__}: {e}"
+
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         """How the connection form shows the standard fields (also declared in
         ``get_provider_info``, which Airflow 3.2+ reads without importing the hook)."""
         return UI_FIELD_BEHAVIOUR
+
+
+def _slurm_version(cluster: ClusterConfig | None) -> str:
+    from core.schedulers.slurm.transport import TransportError
+    from core.schedulers.slurm_scheduler import SlurmScheduler
+
+    sched = SlurmScheduler("connection-test")
+    try:
+        answer = sched.client(cluster.name if cluster else None).version()
+    except TransportError as e:
+        if cluster is None:
+            raise
+        # (unreachable: name the setting to check, as a submit does)
+        where = "rest_url" if cluster.transport == "rest" else "host"
+        detail = str(e).removeprefix(f"cluster {cluster.name!r}: ")
+        raise TransportError(f"cluster {cluster.name!r}: {where}: {detail}") from None
+    finally:
+        sched.close()
+    where = f"cluster {cluster.name!r} over {cluster.transport}" if cluster else "this host's Slurm"
+    return f"{where}: {answer}"
+
+
+def _docker_version(engine: DockerEngine | None) -> str:
+    from core.schedulers.docker.engine import connect
+
+    client = connect(engine)
+    try:
+        version = client.version().get("Version", "?")
+    finally:
+        client.close()
+    return f"Docker engine {version} at {engine.host if engine and engine.host else 'the default'}"

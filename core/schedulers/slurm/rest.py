@@ -43,6 +43,8 @@ API_VERSIONS: dict[str, ModuleType] = {
 BATCH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 _TIMEOUT = 30.0
 _GONE = ("Invalid job id", "already completing or completed")
+#: Slurm's ESLURM_PROTOCOL_AUTHENTICATION_ERROR ("Protocol authentication error")
+_ESLURM_AUTH = 1007
 
 
 class _TransientError(ShipyardError):
@@ -112,8 +114,6 @@ class RestClient(SlurmClient):
                 "errors": [{"error_number": 401, "description": r.text.strip()}],
                 "_status": 401,
             }
-        if r.status_code in (502, 503, 504):
-            raise _TransientError(f"slurmrestd answered HTTP {r.status_code}")
         try:
             payload = r.json()
         except ValueError:
@@ -123,6 +123,9 @@ class RestClient(SlurmClient):
                 f"slurmrestd answered HTTP {r.status_code}: {r.text[:200]!r}"
             ) from None
         payload["_status"] = r.status_code
+        # (26.05 answers a refused token with 502 on some paths: not a passing outage)
+        if r.status_code in (502, 503, 504) and not _auth_problem(payload):
+            raise _TransientError(f"slurmrestd answered HTTP {r.status_code}")
         return payload  # type: ignore[no-any-return]
 
     @property
@@ -135,7 +138,7 @@ class RestClient(SlurmClient):
             offered = {p.split("/")[2] for p in spec.get("paths") or {} if p.startswith("/slurm/v")}
             version = self._choose(offered)
             ping = self._call("GET", f"/slurm/{version}/ping")
-            if ping.get("errors"):
+            if ping.get("errors") or _auth_problem(ping):
                 raise self._err(
                     "token",
                     f"slurmrestd refused the token of user {self.cluster.user!r}"
@@ -267,6 +270,15 @@ class RestClient(SlurmClient):
                 f" {_describe(payload)}"
             )
 
+    def version(self) -> str:
+        payload = self._call("GET", f"{self._ctl}/ping")
+        if payload.get("errors") or _auth_problem(payload):
+            raise self._err("token", f"slurmrestd refused the token: {_describe(payload)}")
+        meta = payload.get("meta") or {}
+        slurm = meta.get("slurm") or meta.get("Slurm") or {}
+        release = slurm.get("release") or "(release not given)"
+        return f"slurm {release}, slurmrestd API {self._ctl.rpartition('/')[2]}"
+
     def partitions(self) -> tuple[dict[str, int], str | None]:
         parts = self._call("GET", f"{self._ctl}/partitions")
         nodes = self._call("GET", f"{self._ctl}/nodes")
@@ -279,6 +291,7 @@ class RestClient(SlurmClient):
 def _describe(payload: dict[str, Any]) -> str:
     errors = payload.get("errors") or []
     parts = [_error_text(e) for e in errors]
+    parts += [str(p["status"]) for p in payload.get("pings") or [] if not p.get("responding", True)]
     return "; ".join(parts) or f"HTTP {payload.get('_status')}"
 
 
@@ -292,10 +305,17 @@ def _error_text(error: dict[str, Any]) -> str:
 
 
 def _auth_problem(payload: dict[str, Any]) -> bool:
-    """True for the answers slurmrestd gives to a missing or refused JWT."""
-    if payload.get("_status") == 401:
+    """True for the answers slurmrestd gives to a missing or refused JWT: HTTP 401, 22.05's
+    ``Unspecified error``, and 26.05's ``Protocol authentication error`` (HTTP 511, 422 or 502
+    by path; its ping answers 200 with the controller not ``responding``)."""
+    if payload.get("_status") in (401, 511):
         return True
     errors = payload.get("errors") or []
-    return any(
-        e.get("error_number") == -1 and e.get("error") == "Unspecified error" for e in errors
-    )
+    if any(
+        (e.get("error_number") == -1 and e.get("error") == "Unspecified error")
+        or e.get("error_number") == _ESLURM_AUTH
+        for e in errors
+    ):
+        return True
+    pings = payload.get("pings") or []
+    return any("authentication" in str(p.get("status", "")).lower() for p in pings)

@@ -296,6 +296,14 @@ class SlurmClient(abc.ABC):
     def partitions(self) -> tuple[dict[str, int], str | None]:
         """Each partition's smallest node RealMemory (MB), and the default partition."""
 
+    @abc.abstractmethod
+    def version(self) -> str:
+        """Reaches the cluster once and says what answered (``slurm 26.05.3``...).
+
+        Raises:
+            TransportError: the cluster could not be reached.
+        """
+
     def home(self) -> str | None:
         """The home directory of the user jobs run as (None where the client cannot tell)."""
         return None
@@ -312,6 +320,12 @@ class CommandClient(SlurmClient):
         self.shell = shell
         self.files = shell.files
         self.default_workdir = default_workdir
+
+    def version(self) -> str:
+        p = self.shell.run(["sinfo", "--version"], timeout=30)
+        if p.returncode != 0:
+            raise TransportError(f"sinfo --version: {(p.stderr or p.stdout).strip()}")
+        return p.stdout.strip()
 
     def submit(self, req: SlurmBatchRequest, workdir: str | None, hold: bool) -> str:
         argv = ["sbatch", "--parsable", *(["--hold"] if hold else [])]

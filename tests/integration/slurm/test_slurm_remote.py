@@ -41,6 +41,7 @@ from tests.integration.slurm.slurm_clusters import (
     REMOTE_USER,
     Cluster,
     make_cluster,
+    slurm_release,
     use_remote_clusters,
     wait,
 )
@@ -463,6 +464,41 @@ def test_a_pinned_api_version_the_server_lacks_is_named(
         r" shipyard was asked for v0.0.38",
         str(err.value),
     ), err.value
+
+
+@pytest.mark.parametrize("transport", ["rest", "rest-26"])
+def test_an_expired_token_is_fetched_again_while_a_job_is_followed(
+    transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token that expires mid-follow is fetched again from token_command, once, on both
+    releases (22.05 says "Unspecified error", 26.05 "Protocol authentication error" with
+    HTTP 511, 422 or 502 by path)."""
+    use_remote_clusters(monkeypatch, tmp_path)
+    release = slurm_release(transport)
+    calls = tmp_path / "token-calls"
+    command = tmp_path / "token.sh"
+    command.write_text(
+        f"#!/bin/sh\necho made >> {calls}\n"
+        f"exec {release.bin}/scontrol token username={REMOTE_USER} lifespan=3\n"
+    )
+    command.chmod(0o755)
+    base = load_clusters(os.path.join(REMOTE_DIR, "clusters.yaml"))[
+        "rest-api" if transport == "rest" else "rest26"
+    ]
+    name = f"tok-{uuid.uuid4().hex[:6]}"
+    register_cluster(dataclasses.replace(base, name=name, token_command=str(command)))
+    sched = SlurmScheduler("test")
+    try:
+        app_id = sched.submit(AppDef("tok", [Role("w", entrypoint="sleep", args=["6"])]),
+                              {"cluster": name})  # fmt: skip
+        made = time.monotonic()
+        assert sched.describe(app_id) is not None
+        wait(lambda: time.monotonic() - made > 4, 10, "the first token to expire")
+        done = wait(lambda: _ended(sched, app_id), 90, "the job to end")
+        assert done.state == AppState.SUCCEEDED, done
+        assert calls.read_text().split() == ["made", "made"]  # (once more, not per call)
+    finally:
+        sched.close()
 
 
 def _ended(sched: SlurmScheduler, app_id: str) -> DescribeAppResponse | None:
