@@ -70,6 +70,10 @@ CONN_FIELDS: dict[str, Any] = {
         "label": "Command printing the JWT (instead of the token field)",
         "schema": {"type": ["string", "null"]},
     },
+    "token_file": {
+        "label": "File holding the JWT on the worker (instead of the token field)",
+        "schema": {"type": ["string", "null"]},
+    },
     "slurm_bin": {
         "label": "Directory of Slurm's commands (if not on the login PATH)",
         "schema": {"type": ["string", "null"]},

@@ -103,3 +103,11 @@ def test_a_connection_that_cannot_work_answers_false_naming_the_setting(
     assert not ok and f"{setting}:" in message, message
     secret = conn.get("password") or conn["extra"]["private_key"]
     assert secret.strip().splitlines()[-1][-12:] not in message
+
+
+def test_the_connection_form_has_every_cluster_setting() -> None:
+    from airflow_provider import get_provider_info
+    from airflow_provider.hooks.shipyard import CLUSTER_EXTRAS
+
+    (conn_type,) = get_provider_info()["connection-types"]
+    assert set(CLUSTER_EXTRAS) <= set(conn_type["conn-fields"])
