@@ -168,12 +168,18 @@ def _exit_code(raw: Mapping[str, Any] | None, state: str) -> int | None:
     return int(code)
 
 
+def user_filter(user: str | None) -> dict[str, str]:
+    """None: dbv0.0.38's ``GET jobs`` has no user filter (every user's jobs come, and are
+    filtered here)."""
+    return {}
+
+
 def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dict[str, JobInfo]:
     """``GET slurmdb jobs`` / ``job/{id}`` as jobs keyed by app id (only ``user``'s if
     given)."""
     parser = AccountingParser()
     for j in payload.get("jobs") or []:
-        if user and j.get("user") != user:
+        if user and j.get("user") not in (user, None):  # (None: a user without association)
             continue
         het = j.get("het") or {}
         het_id = het.get("job_id") or 0

@@ -201,6 +201,11 @@ def _colon(raw: Mapping[str, Any] | None) -> str:
     return f"0:{-code}" if code < 0 else f"{code}:0"
 
 
+def user_filter(user: str | None) -> dict[str, str]:
+    """The query of ``GET slurmdb jobs`` that keeps only ``user``'s jobs."""
+    return {"users": user} if user else {}
+
+
 def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dict[str, JobInfo]:
     """``GET slurmdb jobs`` / ``job/{id}`` as jobs keyed by app id (only ``user``'s if
     given)."""

@@ -36,8 +36,13 @@ from tests.services import (
 )
 
 TRANSPORTS = ["local", "ssh", "rest"]
-#: every transport to both releases: what the fixtures of the Slurm suite are parametrized over
-CLUSTERS = [*TRANSPORTS, "local-26", "ssh-26", "rest-26"]
+#: every transport to both releases (the remote-transport tests, test_slurm_remote.py)
+ALL_CLUSTERS = [*TRANSPORTS, "local-26", "ssh-26", "rest-26"]
+#: what the rest of the Slurm suite is parametrized over: every transport to 22.05, and 26.05
+#: through its own commands and slurmrestd (over SSH the same commands' output is parsed as
+#: through local-26: ssh-26 runs the remote-transport tests, the containers and the
+#: integrations' connection tests)
+CLUSTERS = [*TRANSPORTS, "local-26", "rest-26"]
 #: for the slowest tests (a minute each: requeues, time limits): every transport to 22.05, and
 #: slurmrestd to 26.05 (its CLI transports run the same batch script, which the other tests
 #: cover on both releases)

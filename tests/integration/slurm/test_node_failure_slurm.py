@@ -63,6 +63,10 @@ def test_a_node_failure_requeues_the_job_off_the_failed_node(cluster: Cluster) -
         job = cluster.job_id(app_id)
         running = cluster.wait_state(app_id, {AppState.RUNNING})
         assert running.roles_statuses[0].replicas[0].hostname == FAILING
+        # the replica itself runs (its step launched through the node's slurmd): stopped any
+        # earlier, slurmd fails the step's launch and the job ends FAILED, not NODE_FAIL
+        attempts = path / f"shipyard-checkpoint-{job}" / "attempts"
+        wait(lambda: attempts.exists() and attempts.read_text().strip(), 60, "the replica")
         os.kill(pid, signal.SIGSTOP)  # the node stops answering the controller
         try:
             # (each describe is what a watch does: the one that sees the requeue excludes)

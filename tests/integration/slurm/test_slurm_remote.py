@@ -37,7 +37,7 @@ from core.specs import AppDef, AppState, Role, is_terminal
 from core.transient import BackendUnavailableError
 from tests.helpers import ROOT
 from tests.integration.slurm.slurm_clusters import (
-    CLUSTERS,
+    ALL_CLUSTERS,
     REMOTE_USER,
     Cluster,
     make_cluster,
@@ -51,7 +51,7 @@ REPO = ROOT
 SHIPYARD = [sys.executable, "-m", "core.cli"]
 
 
-@pytest.fixture(params=CLUSTERS)
+@pytest.fixture(params=ALL_CLUSTERS)
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:

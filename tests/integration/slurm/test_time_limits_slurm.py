@@ -15,7 +15,7 @@ from core.specs import AppDef, AppState, Role
 from tests.integration.slurm.slurm_clusters import Cluster, make_cluster
 
 
-@pytest.fixture(params=["local", "ssh", "local-26", "ssh-26", "rest-26"])
+@pytest.fixture(params=["local", "ssh", "local-26", "rest-26"])
 def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Cluster]:
