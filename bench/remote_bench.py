@@ -184,10 +184,10 @@ def run(ctx: Ctx) -> list[Row]:
 def _rows(
     ctx: Ctx, sec: Section, runner: Any, transport: str, cluster: str, raw_ssh: RawSSH
 ) -> None:
-    from core.schedulers import get_scheduler_factories
     from core.specs import AppState, is_terminal
 
-    sched: Any = get_scheduler_factories()["slurm"](SESSION)
+    # (the runner's own scheduler: the calls counted are those its status reads make)
+    sched: Any = runner.scheduler("slurm")
     cfg = {"cluster": cluster}
     client = sched.client(cluster)
     raw_rest = RawREST(transport) if transport in SLURMRESTD else None
