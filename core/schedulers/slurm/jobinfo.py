@@ -250,6 +250,22 @@ def add_controller_row(
     )
 
 
+def add_controller_rows(
+    jobs: dict[str, JobInfo],
+    app_id: str,
+    off: int,
+    row: dict[str, str],
+    array_job: str = "",
+    tasks: list[int] | None = None,
+) -> None:
+    """Adds one controller record (see :func:`add_controller_row`): of component ``off`` of
+    ``app_id``, or of each array task in ``tasks`` (the tasks still pending share one record)."""
+    if not tasks:
+        add_controller_row(jobs, app_id, off, row)
+    for t in tasks or []:
+        add_controller_row(jobs, task_app_id(array_job, t), 0, row, array_job)
+
+
 def _controller_exit_code(state: str, row: dict[str, str]) -> int | None:
     """A component's exit code as the controller knows it; none if it never ran or while it
     runs. DerivedEC is the highest exit code of the component's steps in *every* attempt of a
@@ -344,6 +360,22 @@ class AccountingParser:
             comp = info.components[off]
             comp.step_state = slurm_state(state)
             comp.exit_code = exit_code
+
+    def record(
+        self,
+        app_id: str,
+        off: int,
+        rec: dict[str, str],
+        steps: list[tuple[str, int | None]],
+        array_job: str = "",
+        tasks: list[int] | None = None,
+    ) -> None:
+        """One allocation record with its ``srun`` steps (state, exit code): of component
+        ``off`` of ``app_id``, or of each array task in ``tasks``."""
+        for one in [task_app_id(array_job, t) for t in tasks or []] or [app_id]:
+            self.allocation(one, off, rec, array_job)
+            for state, exit_code in steps:
+                self.step(one, off, state, exit_code)
 
     def result(self) -> dict[str, JobInfo]:
         """The jobs, with their restart counts."""

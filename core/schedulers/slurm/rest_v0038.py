@@ -16,9 +16,8 @@ from typing import Any
 from core.schedulers.slurm.jobinfo import (
     AccountingParser,
     JobInfo,
-    add_controller_row,
+    add_controller_rows,
     expand_task_ids,
-    task_app_id,
 )
 from core.schedulers.slurm.script import EXCLUDE_MARK, SlurmBatchRequest, SlurmReplicaRequest
 
@@ -137,10 +136,7 @@ def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str,
             "reason": str(j.get("state_reason") or "None"),
             "comment": str(j.get("comment") or ""),
         }
-        if not tasks:
-            add_controller_row(jobs, app_id, off, row)
-        for t in tasks:  # (the tasks still pending share one record)
-            add_controller_row(jobs, task_app_id(array_job, t), 0, row, array_job)
+        add_controller_rows(jobs, app_id, off, row, array_job, tasks)
     return jobs
 
 
@@ -194,13 +190,13 @@ def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dic
             "workdir": str(j.get("working_directory") or ""),
             "comment": str((j.get("comment") or {}).get("job") or ""),
         }
-        for one in [task_app_id(array_job, t) for t in tasks] or [app_id]:
-            parser.allocation(one, off, rec, array_job)
-            for step in j.get("steps") or []:
-                step_id = str((step.get("step") or {}).get("id", ""))
-                if step_id.isdigit():
-                    state = str(step.get("state") or "")
-                    parser.step(one, off, state, _exit_code(step.get("exit_code"), state))
+        steps = [
+            (state, _exit_code(step.get("exit_code"), state))
+            for step in j.get("steps") or []
+            if str((step.get("step") or {}).get("id", "")).isdigit()
+            for state in [str(step.get("state") or "")]
+        ]
+        parser.record(app_id, off, rec, steps, array_job, tasks)
     return parser.result()
 
 

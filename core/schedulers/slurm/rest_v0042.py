@@ -17,9 +17,8 @@ from typing import Any
 from core.schedulers.slurm.jobinfo import (
     AccountingParser,
     JobInfo,
-    add_controller_row,
+    add_controller_rows,
     expand_task_ids,
-    task_app_id,
 )
 from core.schedulers.slurm.rest_v0038 import time_minutes
 from core.schedulers.slurm.script import SlurmBatchRequest, SlurmReplicaRequest
@@ -159,10 +158,7 @@ def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str,
             "reason": str(j.get("state_reason") or "None"),
             "comment": str(j.get("comment") or ""),
         }
-        if not tasks:
-            add_controller_row(jobs, app_id, off, row)
-        for t in tasks:  # (the tasks still pending share one record)
-            add_controller_row(jobs, task_app_id(array_job, t), 0, row, array_job)
+        add_controller_rows(jobs, app_id, off, row, array_job, tasks)
     return jobs
 
 
@@ -228,13 +224,13 @@ def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dic
             "workdir": str(j.get("working_directory") or ""),
             "comment": str((j.get("comment") or {}).get("job") or ""),
         }
-        for one in [task_app_id(array_job, t) for t in tasks] or [app_id]:
-            parser.allocation(one, off, rec, array_job)
-            for step in j.get("steps") or []:
-                # "123.0", "123+1.0" (a het component's step) or "123.batch"
-                step_id = str((step.get("step") or {}).get("id", "")).rpartition(".")[2]
-                if step_id.isdigit():
-                    parser.step(one, off, _state(step.get("state")), _exit_code(step["exit_code"]))
+        # the srun steps: "123.0", "123+1.0" (a het component's), not "123.batch"
+        steps = [
+            (_state(step.get("state")), _exit_code(step.get("exit_code")))
+            for step in j.get("steps") or []
+            if str((step.get("step") or {}).get("id", "")).rpartition(".")[2].isdigit()
+        ]
+        parser.record(app_id, off, rec, steps, array_job, tasks)
     return parser.result()
 
 
