@@ -203,17 +203,20 @@ def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dic
 def parse_partitions(
     partitions: Mapping[str, Any], nodes: Mapping[str, Any]
 ) -> tuple[dict[str, int], str | None]:
-    """Each partition's smallest node RealMemory (MB), and the default partition."""
+    """Each partition's smallest node RealMemory (MB), and the default partition (the one
+    flagged ``default``: v0.0.38; ``DEFAULT``: v0.0.45; None where no flag says). A node's
+    partitions are a list (or a comma-separated string)."""
     memory: dict[str, int] = {}
     for node in nodes.get("nodes") or []:
-        for part in node.get("partitions") or []:
+        parts = node.get("partitions") or []
+        for part in parts.split(",") if isinstance(parts, str) else parts:
             value = int(node.get("real_memory") or 0)
             memory[part] = min(value, memory.get(part, value))
     default = next(
         (
             p["name"]
             for p in partitions.get("partitions") or []
-            if "default" in (p.get("flags") or [])
+            if "default" in (str(f).lower() for f in p.get("flags") or [])
         ),
         None,
     )

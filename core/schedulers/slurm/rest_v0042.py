@@ -6,7 +6,8 @@ flags), numbers that may be unset are ``{"set", "infinite", "number"}``, exit co
 ``{"status", "return_code", "signal"}``, environments are ``NAME=value`` lists and the batch
 shell's warning signal is ``kill_warning_*``. The one difference: only v0.0.45 marks the
 default partition (``flags: ["DEFAULT"]``); with an older version pre-flight cannot tell which
-partition a job without ``partition`` lands in.
+partition a job without ``partition`` lands in. Partitions are read as v0.0.38 reads them
+(``rest_v0038.parse_partitions``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from core.schedulers.slurm.jobinfo import (
     add_controller_rows,
     expand_task_ids,
 )
+from core.schedulers.slurm.rest_v0038 import parse_partitions as parse_partitions  # (the same)
 from core.schedulers.slurm.rest_v0038 import time_minutes
 from core.schedulers.slurm.script import SlurmBatchRequest, SlurmReplicaRequest
 
@@ -232,25 +234,3 @@ def parse_accounting(payload: Mapping[str, Any], user: str | None = None) -> dic
         ]
         parser.record(app_id, off, rec, steps, array_job, tasks)
     return parser.result()
-
-
-def parse_partitions(
-    partitions: Mapping[str, Any], nodes: Mapping[str, Any]
-) -> tuple[dict[str, int], str | None]:
-    """Each partition's smallest node RealMemory (MB), and the default partition (None
-    before v0.0.45, which does not say)."""
-    memory: dict[str, int] = {}
-    for node in nodes.get("nodes") or []:
-        parts = node.get("partitions") or []
-        for part in parts.split(",") if isinstance(parts, str) else parts:
-            value = int(node.get("real_memory") or 0)
-            memory[part] = min(value, memory.get(part, value))
-    default = next(
-        (
-            p["name"]
-            for p in partitions.get("partitions") or []
-            if "DEFAULT" in (p.get("flags") or [])
-        ),
-        None,
-    )
-    return memory, default
