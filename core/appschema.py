@@ -25,10 +25,12 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     WithJsonSchema,
     WrapValidator,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
+from core.durations import DURATION_FORMS, parse_duration
 from core.errors import short_repr
 from core.specs import (
     ENV_KEY_PATTERN,
@@ -338,6 +340,22 @@ class AppSpec(_Strict):
                 )
             seen.add(role.name)
         return self
+
+    @field_validator("metadata")
+    @classmethod
+    def _max_silence_is_a_duration(cls, metadata: dict[str, str]) -> dict[str, str]:
+        raw = metadata.get("max_silence")
+        try:
+            if raw is not None:
+                parse_duration(raw, "metadata.max_silence")
+        except ValueError:
+            raise _error(
+                "expected a positive duration such as {forms}, got {got}",
+                sub=".max_silence",
+                forms=DURATION_FORMS,
+                got=short_repr(raw),
+            ) from None
+        return metadata
 
     def to_app(self) -> AppDef:
         """The :class:`~core.specs.AppDef` this describes."""

@@ -25,9 +25,9 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from core.durations import parse_duration, parse_time
 from core.errors import ShipyardError
 from core.specs import AppDef, AppState, Role, parse_app_handle
 
@@ -65,21 +65,6 @@ class _UsageError(ShipyardError):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit code 2
         raise _UsageError(f"{self.prog}: {message}")
-
-
-def _parse_time(value: str, field: str) -> datetime:
-    """ISO 8601 (``2026-01-02T03:04:05``) or a duration ago (``30s``, ``5m``, ``2h``, ``1d``)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", value.strip())
-    try:
-        if m:
-            unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
-            return datetime.now(UTC) - timedelta(**{unit: float(m.group(1))})
-        dt = datetime.fromisoformat(value)
-        return dt if dt.tzinfo else dt.astimezone()
-    except (ValueError, OverflowError):  # not a time, or out of datetime's range
-        raise ValueError(
-            f"{field}: expected an ISO 8601 time or a duration like 30s/5m/2h/1d, got {value!r}"
-        ) from None
 
 
 def _parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -377,8 +362,8 @@ def _cmd_log(args: argparse.Namespace) -> int:
             re.compile(args.regex)
         except (re.error, OverflowError, RecursionError) as e:
             raise ValueError(f"--regex: not a regular expression ({e}): {args.regex!r}") from None
-    since = _parse_time(args.since, "--since") if args.since else None
-    until = _parse_time(args.until, "--until") if args.until else None
+    since = parse_time(args.since, "--since") if args.since else None
+    until = parse_time(args.until, "--until") if args.until else None
     streams = Stream(args.streams) if args.streams else None
     with get_runner() as runner:
         replicas = runner.replicas(handle)
@@ -415,13 +400,14 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     from core.runner import get_runner
 
     parse_app_handle(args.handle)
+    timeout = parse_duration(args.timeout, "--timeout")
     with get_runner() as runner:
         if runner.status(args.handle) is None:
             print(f"{args.handle}: no such app", file=sys.stderr)
             return EXIT_APP_FAILED
         runner.cancel(args.handle)
         if args.wait:
-            status = runner.wait(args.handle, wait_interval=0.2, timeout=args.timeout)
+            status = runner.wait(args.handle, wait_interval=0.2, timeout=timeout)
             if status is not None:
                 print(f"{args.handle} {status.state.name}")
                 return EXIT_OK
@@ -537,8 +523,7 @@ def _add_run_parser(sub: Any) -> None:
     )
     run.add_argument(
         "--max-silence",
-        type=float,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="cancel the app once a running replica printed no line for that long (a hung"
         " collective); implies --wait. Default: the app's metadata.max_silence when waiting",
     )
@@ -601,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg = sub.add_parser("log", help="print an app's logs: HANDLE[/role[/replica]]")
     lg.add_argument("target")
     lg.add_argument("--regex", help="only lines matching this regular expression")
-    lg.add_argument("--since", help="ISO time or duration ago (30s, 5m, 2h)")
+    lg.add_argument("--since", help="ISO time or duration ago (30s, 5m, 2h, 1h30m)")
     lg.add_argument("--until", help="ISO time or duration ago")
     lg.add_argument("-t", "--tail", action="store_true", help="follow until the app ends")
     lg.add_argument("--streams", choices=["stdout", "stderr", "combined"])
@@ -610,7 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     cc = sub.add_parser("cancel", help="cancel an app")
     cc.add_argument("handle")
     cc.add_argument("--wait", action="store_true", help="wait until it is terminal")
-    cc.add_argument("--timeout", type=float, default=60.0)
+    cc.add_argument(
+        "--timeout", default="60", metavar="DURATION", help="with --wait: at most this long (60)"
+    )
     cc.set_defaults(func=_cmd_cancel)
 
     ls = sub.add_parser("list", help="list apps on a scheduler")

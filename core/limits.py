@@ -10,11 +10,11 @@ limit, to save what it has.
 from __future__ import annotations
 
 import math
-import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core import durations
 from core.errors import ShipyardError
 from core.options import runopts
 from core.specs import Attempt, CfgVal, Reason
@@ -52,53 +52,22 @@ MAX_REQUEUES_OPT = "max_requeues"
 REQUEUE_ON_TIMEOUT_OPT = "requeue_on_timeout"
 DEFAULT_GRACE = 60.0
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_UNIT_RE = re.compile(r"(?:(\d+(?:\.\d+)?)([smhd]))+")
-_PART_RE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_CLOCK_RE = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
-_DAYS_RE = re.compile(r"(\d+)-(\d+)")
-
 
 class LimitsError(ShipyardError, ValueError):
     """A time limit option is invalid (the message names it)."""
 
 
 def parse_duration(value: str | float, where: str) -> float:
-    """Seconds of a duration: ``90`` or ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, or Slurm's
-    clock forms ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``.
+    """Seconds of a positive duration in the one syntax of :mod:`core.durations` (``90``,
+    ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``).
 
     Raises:
         LimitsError: naming ``where``, for anything else or a duration that is not positive.
     """
-    seconds = _seconds(value)
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise LimitsError(
-            f"{where}: expected a positive duration such as 90s, 30m, 2h, 1h30m, 01:30:00 or"
-            f" 1-00:00:00, got {value!r}"
-        )
-    return seconds
-
-
-def _seconds(value: str | float) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    text = str(value).strip().lower()
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
-    if _UNIT_RE.fullmatch(text):
-        return sum(float(n) * _UNITS[u] for n, u in _PART_RE.findall(text))
-    m = _CLOCK_RE.fullmatch(text)
-    if m:
-        days, hours, minutes, secs = (int(g or 0) for g in m.groups())
-        if m.group(2) is None:  # MM:SS (or D-MM:SS, which Slurm reads as D-HH:MM)
-            hours, minutes, secs = (minutes, secs, 0) if days else (0, minutes, secs)
-        return float(days * 86400 + hours * 3600 + minutes * 60 + secs)
-    m = _DAYS_RE.fullmatch(text)
-    if m:
-        return float(int(m.group(1)) * 86400 + int(m.group(2)) * 3600)
-    return None
+    try:
+        return durations.parse_duration(value, where)
+    except durations.DurationError as e:
+        raise LimitsError(str(e)) from None
 
 
 def _signal_name(value: CfgVal) -> str:
@@ -156,14 +125,10 @@ def limits_from_cfg(cfg: Mapping[str, CfgVal]) -> Limits:
 
 
 def _grace(value: CfgVal) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise LimitsError(f"{CHECKPOINT_GRACE_OPT}: expected seconds, got {value!r}")
-    seconds = _seconds(value)
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        raise LimitsError(
-            f"{CHECKPOINT_GRACE_OPT}: expected a number of seconds >= 0, got {value!r}"
-        )
-    return seconds
+    try:
+        return durations.parse_duration(value, CHECKPOINT_GRACE_OPT, allow_zero=True)
+    except durations.DurationError as e:
+        raise LimitsError(str(e)) from None
 
 
 def add_limit_opts(opts: runopts) -> None:

@@ -13,12 +13,12 @@ The watch (:class:`~core.watch.JobWatch`) feeds it and acts on it.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from core.durations import parse_duration
 from core.errors import JobSilentError
 from core.specs import AppDef, AppState, AppStatus
 from core.watch.follow import LogLine
@@ -36,41 +36,33 @@ __all__ = [
 LAST_LINES = 3
 
 
-#: the app ``metadata`` key of the app's own hang limit (seconds, e.g. ``"600"``)
+#: the app ``metadata`` key of the app's own hang limit (a duration, e.g. ``"600"``, ``"10m"``)
 APP_MAX_SILENCE = "max_silence"
 
 
 def check_max_silence(value: Any, where: str = "max_silence") -> float | None:
-    """``value`` as seconds (None: no limit).
+    """``value`` as seconds (None: no limit): a positive duration in the one syntax of
+    :mod:`core.durations` (``600``, ``"90s"``, ``"10m"``, ``"2h"``).
 
     Raises:
-        ValueError: naming ``where``, for anything but a positive number or None.
+        ValueError: naming ``where`` and the expected form, for anything else.
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{where}: expected a positive number of seconds, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: expected a finite number of seconds, got {value!r}")
-    return float(value)
+    return parse_duration(value, where)
 
 
 def app_max_silence(app: AppDef) -> float | None:
-    """The app's own ``max_silence`` (its ``metadata["max_silence"]``, seconds; None: none),
+    """The app's own ``max_silence`` (its ``metadata["max_silence"]``, a duration; None: none),
     which a waiter given none of its own applies.
 
     Raises:
-        ValueError: naming ``metadata.max_silence``, for anything but a positive number.
+        ValueError: naming ``metadata.max_silence``, for anything but a positive duration.
     """
     raw = app.metadata.get(APP_MAX_SILENCE) if isinstance(app.metadata, dict) else None
     if raw is None:
         return None
-    where = f"metadata.{APP_MAX_SILENCE}"
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: expected a positive number of seconds, got {raw!r}") from None
-    return check_max_silence(value, where)
+    return check_max_silence(raw, f"metadata.{APP_MAX_SILENCE}")
 
 
 def effective_max_silence(own: Any, app: AppDef | None) -> float | None:

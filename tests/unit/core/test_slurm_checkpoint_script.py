@@ -145,7 +145,7 @@ def test_no_checkpoint_signal_no_trap() -> None:
             {"time_limit": "60s", "checkpoint_signal": "USR1", "checkpoint_grace": 60},
             "checkpoint_grace: expected fewer seconds than time_limit (60), got 60",
         ),
-        ({"time_limit": "1h", "checkpoint_grace": -1}, "checkpoint_grace: expected a number"),
+        ({"time_limit": "1h", "checkpoint_grace": -1}, "checkpoint_grace: expected a duration >="),
         ({"max_requeues": -1}, "max_requeues: expected a whole number >= 0, got -1"),
         ({"max_requeues": "two"}, "max_requeues: expected a whole number >= 0"),
         ({"requeue_on_timeout": True, "time_limit": "1h"}, "requeue_on_timeout: needs max_req"),

@@ -64,11 +64,12 @@ def test_a_replica_that_never_printed_is_silent_from_when_it_was_seen_running() 
     assert "w/0: no line" in watch.message("h", ["w/0"])
 
 
-@pytest.mark.parametrize("bad", [0, -1, "10", True, float("inf"), float("nan")])
-def test_max_silence_must_be_a_positive_number(bad: object) -> None:
-    with pytest.raises(ValueError, match="max_silence: expected a"):
+@pytest.mark.parametrize("bad", [0, -1, "0s", "ten", "10x", True, float("inf"), float("nan")])
+def test_max_silence_must_be_a_positive_duration(bad: object) -> None:
+    with pytest.raises(ValueError, match="^max_silence: expected a positive duration such as 90s"):
         check_max_silence(bad)
     assert check_max_silence(None) is None and check_max_silence(3) == 3.0
+    assert check_max_silence("10") == 10.0 and check_max_silence("10m") == 600.0
 
 
 def test_a_waiters_own_max_silence_wins_over_the_apps() -> None:
@@ -76,6 +77,8 @@ def test_a_waiters_own_max_silence_wins_over_the_apps() -> None:
     assert effective_max_silence(5, app) == 5.0
     assert effective_max_silence(None, app) == 30.0
     assert effective_max_silence(None, AppDef("b", app.roles)) is None
+    app.metadata["max_silence"] = "2h"
+    assert effective_max_silence(None, app) == 7200.0
     app.metadata["max_silence"] = "0"
-    with pytest.raises(ValueError, match=r"^metadata.max_silence: expected a positive number"):
+    with pytest.raises(ValueError, match=r"^metadata.max_silence: expected a positive duration"):
         effective_max_silence(None, app)
