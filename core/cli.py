@@ -465,19 +465,16 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 class _VersionAction(argparse.Action):
-    """``--version``: the installed distribution's version, looked up only when asked."""
+    """``--version``: :data:`core.__version__`, the one version source (the package metadata's
+    version is read from it at build time)."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        from importlib.metadata import PackageNotFoundError, version
+        from core import __version__
 
-        try:
-            found = version("shipyard")
-        except PackageNotFoundError:  # run from a source tree that is not installed
-            found = "unknown (not installed)"
-        print(f"shipyard {found}")
+        print(f"shipyard {__version__}")
         parser.exit()
 
 

@@ -15,15 +15,18 @@ if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
     fi
 fi
 
-# (v2: built with hatchling since 2026-11)
-stamp=.venv/.shipyard-installed-v2
+# (v2: built with hatchling since 2026-11; v3: `all` without the dev tools, the Airflow
+# deployment's PostgreSQL driver installed here)
+stamp=.venv/.shipyard-installed-v3
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-# reinstall only when the dependency list changed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# reinstall only when the dependency list (pyproject.toml, or what this script adds) changed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[all]'
+    # every extra, the dev tools (tests, ruff, mypy), and the driver of the PostgreSQL metadata
+    # database scripts/start_airflow.sh runs Airflow on (the `airflow` extra leaves it out)
+    .venv/bin/python -m pip install -q -e '.[all,dev]' 'apache-airflow[postgres]'
     touch "$stamp"
 fi
 # byte-compile the project (imports would not write .pyc where PYTHONDONTWRITEBYTECODE is set)

@@ -72,7 +72,7 @@ start=$SECONDS
 # --- packages --------------------------------------------------------------------------------
 [ -x "$VENV/bin/airflow" ] || die "$VENV/bin/airflow is missing (run scripts/setup.sh)"
 "$VENV/bin/python" -c 'import psycopg2' 2>/dev/null ||
-    die "psycopg2 is missing from $VENV (pip install -e '.[airflow]')"
+    die "psycopg2 is missing from $VENV (run scripts/setup.sh, or pip install 'apache-airflow[postgres]')"
 apt_install postgresql
 
 # --- PostgreSQL ------------------------------------------------------------------------------
