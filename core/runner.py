@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from core import arrays
 from core.arrays.native import first_submission, native_after
 from core.errors import ShipyardError
+from core.functions import FunctionRunner
 from core.reasons import fill_reasons
 from core.reports import AppResult, Problem, problem_from_error
 from core.schedulers import SchedulerFactory, get_default_scheduler_name, get_scheduler_factories
@@ -128,7 +129,7 @@ class Submission:
     state: str
 
 
-class Runner:
+class Runner(FunctionRunner):
     """Submits apps to schedulers and addresses them by app handle afterwards.
 
     Args:

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,18 @@ def docker_secure_problem() -> str | None:
     except OSError as e:
         return f"no registry on 127.0.0.1:5001 ({e})"
     return "the registry on 127.0.0.1:5001 does not ask for a login"
+
+
+def python_image(docker_client: Any) -> str:
+    """The local image with this Python (and Prefect, cloudpickle) in it; fails or skips the
+    test when it is missing (scripts/build_prefect_image.sh builds it)."""
+    from importlib.metadata import version
+
+    from docker.errors import ImageNotFound
+
+    image = f"shipyard-test/prefect:{version('prefect')}"
+    try:
+        docker_client.images.get(image)
+    except ImageNotFound:
+        require("prefect", f"no image {image} (scripts/build_prefect_image.sh builds it)")
+    return image

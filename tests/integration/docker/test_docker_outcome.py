@@ -14,7 +14,7 @@ from core.runner import Runner
 from core.schedulers.docker_scheduler import DockerScheduler, create_scheduler
 from core.specs import AppDef, AppState, BindMount, DeviceMount, Resource, Role
 from tests.integration.docker.usage_probe import MEASURE
-from tests.services import require
+from tests.services import python_image
 
 IMAGE = "shipyard-test/busybox:latest"
 WRITE = 'echo "{\\"rank\\": $SHIPYARD_REPLICA_ID}" > "$SHIPYARD_RESULT_FILE"'
@@ -109,24 +109,10 @@ def test_oom_kill_is_named_with_its_peak(sched: DockerScheduler) -> None:
     assert replica.reason == "oom" and status.reason == "oom"
 
 
-def _python_image(docker_client: Any) -> str:
-    """The local image with Python in it (scripts/build_prefect_image.sh builds it)."""
-    from importlib.metadata import version
-
-    from docker.errors import ImageNotFound
-
-    image = f"shipyard-test/prefect:{version('prefect')}"
-    try:
-        docker_client.images.get(image)
-    except ImageNotFound:
-        require("prefect", f"no image {image} (scripts/build_prefect_image.sh builds it)")
-    return image
-
-
 def test_usage_within_20_percent_of_what_the_replica_measured(
     sched: DockerScheduler, docker_client: Any
 ) -> None:
-    image = _python_image(docker_client)
+    image = python_image(docker_client)
     app = AppDef(
         "use",
         [
