@@ -162,7 +162,9 @@ def _open(args: dict[str, Any], kwargs: dict[str, Any], engine: DockerEngine | N
             kwargs = {**kwargs, "version": _api_version(args)}
         client = docker.DockerClient(**args, **kwargs)
     except (DockerException, requests.exceptions.RequestException) as e:
-        tls_error = _tls_error(e, args, engine)
+        from core.schedulers.docker.unreachable import unreachable_error  # (issue 29)
+
+        tls_error = _tls_error(e, args, engine) or unreachable_error(e, args, engine)
         if tls_error is None:
             raise
         raise tls_error from e
