@@ -8,9 +8,10 @@ Python minor version as this one. Its outcome comes back through the result chan
 (``$SHIPYARD_RESULT_FILE``, :mod:`core.reports`): :func:`function_value` turns it into the
 return value, or re-raises the function's exception with the remote traceback as its cause.
 
-Functions are pickled by reference when their module is importable (cloudpickle's rule):
-the job must then import that module too. ``__main__``'s functions, and those of modules
-registered with :func:`cloudpickle.register_pickle_by_value`, travel by value.
+Functions are pickled by reference when their module is importable by name (cloudpickle's
+rule): the job must then import that module too. ``__main__``'s functions, those of a module
+no import could find (an Airflow DAG file, a Prefect flow script loaded by path) and those of
+modules registered with :func:`cloudpickle.register_pickle_by_value` travel by value.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ __all__ = [
     "check_interpreter",
     "element_params",
     "function_app",
+    "function_job",
     "function_value",
+    "outcome",
     "split_cfg",
 ]
 
@@ -77,6 +80,22 @@ def runtime_source() -> str:
 
     with open(fnrun.__file__, encoding="utf-8") as f:
         return f.read()
+
+
+def _ship_module(fn: Callable[..., Any]) -> None:
+    """Pickles ``fn``'s module by value when a fresh import could not find it (an Airflow DAG
+    file, a Prefect flow script loaded by path): the job could not import it either."""
+    import importlib.machinery
+
+    import cloudpickle
+
+    name = getattr(fn, "__module__", None) or "__main__"
+    module = sys.modules.get(name)
+    if name == "__main__" or module is None:
+        return
+    if importlib.machinery.PathFinder.find_spec(name.partition(".")[0], sys.path) is None:
+        log.debug("pickling module %s by value (it is not importable by name)", name)
+        cloudpickle.register_pickle_by_value(module)
 
 
 def _encode(obj: Any, what: str) -> str:
@@ -137,6 +156,7 @@ def function_app(
     """
     if not callable(fn):
         raise ValueError(f"fn: expected a callable, got {fn!r}")
+    _ship_module(fn)
     payload = _encode((fn, tuple(args), dict(kwargs)), "function")
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ValueError(
@@ -227,7 +247,8 @@ def check_interpreter(scheduler: str, cfg: Mapping[str, Any], python: str, image
         )
 
 
-def _outcome(result: AppResult) -> dict[str, Any] | None:
+def outcome(result: AppResult) -> dict[str, Any] | None:
+    """The function job's outcome document (None: the job wrote none)."""
     for replica in result.replicas:
         if replica.error:
             raise FunctionError(f"{result.handle}: {replica.error}")
@@ -243,7 +264,7 @@ def function_value(result: AppResult, status_text: str = "") -> Any:
         The function's own exception (its ``__cause__`` the :class:`RemoteTraceback`), or
         :class:`FunctionError` when there is no return value to give.
     """
-    doc = _outcome(result)
+    doc = outcome(result)
     if doc is None:
         detail = f": {status_text}" if status_text else ""
         if result.state == AppState.SUCCEEDED:
@@ -279,6 +300,33 @@ def _rebuilt(handle: str, doc: dict[str, Any]) -> BaseException:
         )
     exc.__cause__ = cause
     return exc
+
+
+def function_job(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    scheduler: str | None,
+    cfg: Mapping[str, Any] | None,
+    image: str = "",
+    resource: Resource | None = None,
+) -> tuple[str, dict[str, Any], AppDef]:
+    """The scheduler, run options and app that call ``fn(*args, **kwargs)`` there, the
+    interpreter checked (:func:`check_interpreter`): what :meth:`FunctionRunner.run_function`
+    submits, for integrations that submit it their own way.
+
+    Raises:
+        ValueError: naming the argument, before anything starts.
+    """
+    from core.schedulers import get_default_scheduler_name
+
+    scheduler = scheduler or get_default_scheduler_name()
+    rest, python = split_cfg(cfg)
+    python = python or default_python(scheduler, rest)
+    check_interpreter(scheduler, rest, python, image)
+    app = function_app(fn, args, kwargs, python=python, image=image, resource=resource)
+    return scheduler, rest, app
 
 
 class FunctionRunner:
@@ -323,9 +371,10 @@ class FunctionRunner:
             ValueError: ``fn`` or its arguments cannot be pickled or are too large, or the
                 interpreter is unfit (each message names it), before anything starts.
         """
-        scheduler, rest, python = self._function_target(scheduler, cfg, image)
-        app = function_app(fn, args, kwargs, python=python, image=image, resource=resource)
-        return self.run(app, scheduler, rest)
+        name, rest, app = function_job(
+            fn, args, kwargs, scheduler=scheduler, cfg=cfg, image=image, resource=resource
+        )
+        return self.run(app, name, rest)
 
     def map_function(
         self,
@@ -341,12 +390,13 @@ class FunctionRunner:
         """Runs ``fn`` once per item of ``calls`` (a tuple of positional arguments, or one
         argument) as one array (:meth:`run_array`; one Slurm array on Slurm), at most
         ``max_parallel`` at once; :meth:`wait_map` gives the return values in order."""
-        scheduler, rest, python = self._function_target(scheduler, cfg, image)
         params = element_params(calls)
         if not params:
             raise ValueError("calls: expected at least one call, got none")
-        app = function_app(fn, (), {}, python=python, image=image, resource=resource)
-        return self.run_array(app, scheduler, rest, params=params, max_parallel=max_parallel)
+        name, rest, app = function_job(
+            fn, (), {}, scheduler=scheduler, cfg=cfg, image=image, resource=resource
+        )
+        return self.run_array(app, name, rest, params=params, max_parallel=max_parallel)
 
     def wait_function(self, handle: str, timeout: float | None = None) -> Any:
         """Waits for the function job ``handle`` and returns what the function returned.
@@ -371,14 +421,3 @@ class FunctionRunner:
                 raise FunctionError(f"{handle}[{i}]: the call never started")
             out.append(function_value(result))
         return out
-
-    def _function_target(
-        self, scheduler: str | None, cfg: Mapping[str, Any] | None, image: str
-    ) -> tuple[str, dict[str, Any], str]:
-        from core.schedulers import get_default_scheduler_name
-
-        scheduler = scheduler or get_default_scheduler_name()
-        rest, python = split_cfg(cfg)
-        python = python or default_python(scheduler, rest)
-        check_interpreter(scheduler, rest, python, image)
-        return scheduler, rest, python

@@ -27,6 +27,7 @@ from prefect_tasks.arrays import (
 )
 from prefect_tasks.blocks import ShipyardBackend, SlurmCluster
 from prefect_tasks.flows import JobResult, cancel_flow_run_jobs, run_job, run_job_async
+from prefect_tasks.functions import run_function_job, shipyard_task
 from prefect_tasks.tasks import (
     cancel_job,
     cancel_job_async,
@@ -51,6 +52,7 @@ __all__ = [
     "cancel_job_async",
     "get_job_result",
     "get_job_result_async",
+    "run_function_job",
     "run_job",
     "run_job_async",
     "run_array_job",
@@ -59,6 +61,7 @@ __all__ = [
     "submit_array_async",
     "wait_for_array",
     "wait_for_array_async",
+    "shipyard_task",
     "stream_job_logs",
     "stream_job_logs_async",
     "submit_job",
