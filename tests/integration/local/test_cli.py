@@ -420,7 +420,7 @@ def test_run_max_silence_cancels_a_silent_app(tmp_path: Path) -> None:
     assert "no log line for 2s from sh/0 (max_silence); last lines: sh/0: 'started'" in r.stderr
     assert "State: CANCELLED" in r.stdout
     bad = sh("run", "--max-silence", "0", "--", "true", cwd=tmp_path)
-    assert bad.returncode == 2 and "--max-silence: expected a positive number" in bad.stderr
+    assert bad.returncode == 2 and "--max-silence: expected a positive duration" in bad.stderr
 
 
 def test_an_apps_own_max_silence_applies_to_run_wait(tmp_path: Path) -> None:
@@ -435,7 +435,9 @@ def test_an_apps_own_max_silence_applies_to_run_wait(tmp_path: Path) -> None:
     assert "State: CANCELLED" in r.stdout
     app.write_text(app.read_text().replace("'2'", "'-1'"))
     bad = sh("run", "--wait", str(app), cwd=tmp_path)
-    assert bad.returncode == 2 and "metadata.max_silence: expected a positive number" in bad.stderr
+    assert (
+        bad.returncode == 2 and "metadata.max_silence: expected a positive duration" in bad.stderr
+    )
 
 
 def test_status_json_says_why_each_app_ended(tmp_path: Path) -> None:

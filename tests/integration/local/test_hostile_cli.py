@@ -120,7 +120,7 @@ BAD_OPTIONS = [
     (["log", "local_cwd://s/a", "--streams", "both"], "invalid choice"),
     (["log", "local_cwd://s/a/r/-1"], "replica: expected a non-negative integer"),
     (["log", "local_cwd://s/a/r/1e3"], "replica: expected a non-negative integer"),
-    (["cancel", "local_cwd://s/a", "--timeout", "soon"], "invalid float value"),
+    (["cancel", "local_cwd://s/a", "--timeout", "soon"], "--timeout: expected a positive duration"),
     (["run", "--replicas", "two", "--", "echo"], "invalid int value"),
     (["run", "--replicas", "-5", "--", "echo"], "num_replicas: expected a positive integer"),
     (["run", "--env", "=x", "--", "echo"], "--env: expected KEY=VALUE"),
