@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_provider.config import CONFIG
 from airflow_provider.connection_form import CONN_FIELDS, UI_FIELD_BEHAVIOUR
 
 __all__ = ["get_provider_info", "__version__"]
@@ -58,6 +59,7 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "Shipyard", "python-modules": ["airflow_provider.hooks.shipyard"]}
         ],
         "extra-links": ["airflow_provider.links.ShipyardJobLink"],
+        "config": CONFIG,
         "connection-types": [
             {
                 "hook-class-name": "airflow_provider.hooks.shipyard.ShipyardHook",

@@ -25,8 +25,12 @@ TERMINAL_STATES = frozenset(
 
 
 def make_runner(session_name: str | None = None, engine: DockerEngine | None = None) -> Runner:
-    """A runner for ``session_name`` (default ``$SHIPYARD_SESSION`` or ``shipyard``), whose
-    ``local_docker`` connects to ``engine`` (a connection's Docker engine) when given."""
+    """A runner for ``session_name`` (default: Airflow's ``[shipyard] session``, else
+    ``$SHIPYARD_SESSION``, else ``shipyard``), whose ``local_docker`` connects to ``engine``
+    (a connection's Docker engine) when given."""
+    from airflow_provider.config import session_name as configured_session
+
+    session_name = configured_session(session_name)
     if engine is None:
         return get_runner(session_name)
     from airflow_provider.hooks.shipyard import docker_scheduler_factories

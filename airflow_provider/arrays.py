@@ -6,15 +6,13 @@ element), and fail past ``allow_failures``."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
 from core.runner import Runner, attempt_key
 from core.specs import AppDef, AppHandle, AppState, AppStatus
-
-if TYPE_CHECKING:
-    from airflow.sdk import Context
 
 __all__ = ["ArrayArgs", "CountsLog", "finish_array", "submit_array"]
 
@@ -86,18 +84,22 @@ class CountsLog:
 
 def finish_array(
     runner: Runner,
-    context: Context,
     handle: AppHandle,
     status: AppStatus,
     allow_failures: int,
     log: Any,  # (the task's logger)
-) -> AppHandle:
-    """Pushes ``array_states`` and ``result``, logs each failed element's last lines, and fails
-    the task if more than ``allow_failures`` elements did not succeed."""
+    push: Callable[[str, Any], None],
+    result_key: str | None = "result",
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """Pushes ``array_states`` (and the results under ``result_key``, unless None) through
+    ``push``, logs each failed element's last lines, and fails the task if more than
+    ``allow_failures`` elements did not succeed; returns the results, one per element (None
+    when ``result_key`` is None and nothing needs them: see ``want_results``)."""
     elements = status.elements or []
-    ti = context["ti"]
-    ti.xcom_push(key="array_states", value=[e.state.name for e in elements])
-    ti.xcom_push(key="result", value=[_result(runner, e.handle) for e in elements])
+    push("array_states", [e.state.name for e in elements])
+    results = [_result(runner, e.handle) for e in elements] if want_results(push) else None
+    if result_key is not None and results is not None:
+        push(result_key, results)
     bad = [e for e in elements if e.state != AppState.SUCCEEDED]
     for e in bad:
         log.warning("element %d %s: %s", e.index, e.state.name, e.msg or f"exit {e.exit_code}")
@@ -111,7 +113,13 @@ def finish_array(
             f" succeed (allow_failures={allow_failures}). {status.msg}".rstrip()
         )
     log.info("%s: %d of %d elements succeeded", handle, len(elements) - len(bad), len(elements))
-    return handle
+    return results
+
+
+def want_results(push: Callable[[str, Any], None]) -> bool:
+    """Whether the elements' results are wanted: not when ``push`` pushes nothing (an
+    operator's ``do_xcom_push=False``: Airflow drops its return value too)."""
+    return bool(getattr(push, "enabled", True))
 
 
 def _result(runner: Runner, handle: str | None) -> dict[str, dict[str, Any]] | None:

@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator, ResumableJobMixin, conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferralError
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSkipException,
+    TaskDeferralError,
+)
 
 from airflow_provider._common import (
     ACTIVE_STATES,
@@ -38,8 +43,11 @@ from airflow_provider.arrays import (
     finish_array,
     submit_array,
 )
+from airflow_provider.config import retry_budget
+from airflow_provider.config import ui_url_template as configured_ui_url
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.links import ShipyardJobLink, check_ui_url_template, job_url
+from airflow_provider.outcome import XComs, failed_exit_code, result_value, skip_exit_codes
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.arrays import check_allow_failures
 from core.errors import JobSilentError, ShipyardError
@@ -63,7 +71,15 @@ if TYPE_CHECKING:
 
     from core.schedulers.docker_scheduler import DockerEngine
 
-__all__ = ["ShipyardJobFailedError", "ShipyardJobFailedNoRetryError", "ShipyardOperator"]
+__all__ = [
+    "HANDLE_XCOM_KEY",
+    "ShipyardJobFailedError",
+    "ShipyardJobFailedNoRetryError",
+    "ShipyardOperator",
+]
+
+#: the XCom holding the job's app handle (also the key of the task state store that keeps it)
+HANDLE_XCOM_KEY = "shipyard_app_handle"
 
 
 class ShipyardJobFailedError(ShipyardError, AirflowException):
@@ -148,17 +164,26 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         fail_fast_on: reasons (``oom``, ``timeout``, ... see :class:`core.specs.Reason`) for
             which a failed job fails the task without Airflow's retries (``AirflowFailException``):
             a job that cannot fit will not fit on the next try either
+        return_result: return the job's result (see ``result`` below) instead of its handle,
+            so it is the task's ``return_value`` XCom (``XComArg``, ``.output``); the handle
+            stays in the XCom ``shipyard_app_handle``. Needs ``wait_for_completion``
+        skip_on_exit_code: an exit code, or several, for which a failed job skips the task
+            (``AirflowSkipException``) instead of failing it: the exit code of the app's failing
+            replica, as DockerOperator and KubernetesPodOperator take their container's. Not
+            for arrays (their elements' outcomes are ``allow_failures``')
 
-    Returns the app handle (pushed as the ``return_value`` XCom) and pushes the XComs ``app_id``
-    and ``state`` (the app state's name). Once the job ended, also ``reason`` (why it ended:
-    ``exit_code``, ``oom``, ``timeout``, ``cancelled``, ... see :class:`core.specs.Reason`),
-    ``result`` (what replicas
-    wrote to ``$SHIPYARD_RESULT_FILE``: ``{role: {replica id: value}}``; an invalid one is a
-    warning in the log) and ``usage`` (``{"role/k": {wall_time, cpu_time, peak_memory, ...}}``,
-    also summed up in the log). An array pushes ``array_states`` (each element's state) and
-    ``result`` as a list, one entry per element, and logs its counts as they change and the last
-    lines of each failed element. The task fails with the job's state, exit codes and last log
-    lines when the job does not succeed. Killing the task (marked failed,
+    Returns the app handle (pushed as the ``return_value`` XCom; with ``return_result``, the
+    result) and pushes the XComs ``shipyard_app_handle`` (the handle), ``app_id`` and ``state``
+    (the app state's name). Once the job ended, also ``reason`` (why it ended: ``exit_code``,
+    ``oom``, ``timeout``, ``cancelled``, ... see :class:`core.specs.Reason`), ``result`` (what
+    replicas wrote to ``$SHIPYARD_RESULT_FILE``: ``{role: {replica id: value}}``; an invalid one
+    is a warning in the log; with ``return_result`` it is the ``return_value`` instead) and
+    ``usage`` (``{"role/k": {wall_time, cpu_time, peak_memory, ...}}``, also summed up in the
+    log). An array pushes ``array_states`` (each element's state) and ``result`` as a list, one
+    entry per element, and logs its counts as they change and the last lines of each failed
+    element. With ``do_xcom_push=False`` none of these XComs is pushed (only the extra link's
+    URL, which is how Airflow stores a link). The task fails with the job's state, exit codes
+    and last log lines when the job does not succeed. Killing the task (marked failed,
     ``execution_timeout``, ...) cancels the job.
     """
 
@@ -178,7 +203,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
     template_fields_renderers = {"app": "yaml", "cfg": "json", "env": "json"}
     ui_color = "#cfe3f7"
     operator_extra_links = (ShipyardJobLink(),)
-    external_id_key = "shipyard_app_handle"
+    external_id_key = HANDLE_XCOM_KEY
 
     def __init__(
         self,
@@ -203,10 +228,19 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         after: Any = None,
         after_condition: str = "ok",
         fail_fast_on: Sequence[str] = (),
+        return_result: bool = False,
+        skip_on_exit_code: int | Container[int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.fail_fast_on = _reasons(fail_fast_on)
+        self.skip_on_exit_code = skip_exit_codes(skip_on_exit_code)
+        if return_result and not wait_for_completion:
+            raise ValueError(
+                "return_result: the result exists once the job ended; it needs"
+                " wait_for_completion=True"
+            )
+        self.return_result = bool(return_result)
         self.max_silence = check_max_silence(max_silence)
         self.array_size, self.array_params, self.max_parallel = (
             array_size,
@@ -239,7 +273,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self._conn_settings: tuple[str | None, dict[str, Any]] | None = None
         self._handle: AppHandle | None = None
         self._submit_key: str | None = None
-        self._result: AppHandle | None = None
+        self._finished: tuple[AppHandle, Any] | None = None  # (handle, the task's return value)
         self._engine: DockerEngine | None = None
 
     # -- templating --------------------------------------------------------------------------
@@ -330,6 +364,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         app = self._app_def()  # bad input fails here, before anything starts
         self._ui_url_template()
         self._max_silence()
+        retry_budget()  # (a bad [shipyard] retry_budget, too)
         self.log.info(
             "app %s (%d roles) on %s",
             app.name,
@@ -392,8 +427,18 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             self.log.info("re-attaching to %s (%s, key %s)", sub.handle, sub.state, sub.key)
         else:
             self.log.info("submitted %s (key %s)", sub.handle, sub.key)
-        context["ti"].xcom_push(key="app_id", value=parse_app_handle(sub.handle).app_id)
+        self._push_handle(context, sub.handle)
         return sub.handle
+
+    def _xcoms(self, context: Context) -> XComs:
+        """The task's XComs, pushed only with ``do_xcom_push`` (as Airflow's return value)."""
+        return XComs(context["ti"].xcom_push, self.do_xcom_push)
+
+    def _push_handle(self, context: Context, handle: AppHandle) -> None:
+        """The job's handle and app id, pushed as soon as it exists (a failed task has them)."""
+        push = self._xcoms(context)
+        push(HANDLE_XCOM_KEY, handle)
+        push("app_id", parse_app_handle(handle).app_id)
 
     def _submit_driven(
         self, context: Context, app: AppDef, array: ArrayArgs, base: str, try_number: int
@@ -414,7 +459,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                 )  # fmt: skip
         self._handle = handle
         self.log.info("submitted %s (key %s)", handle, base)
-        context["ti"].xcom_push(key="app_id", value=parse_app_handle(handle).app_id)
+        self._push_handle(context, handle)
         return handle
 
     def get_job_status(self, external_id: Any, context: Context) -> str:
@@ -437,8 +482,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                 status = runner.status(handle)
                 if status is None or not status.is_terminal():
                     self._defer(handle, status)
-            self._result = self._finish(runner, context, self._watch(runner, handle, context))
-        return self._result
+            value = self._finish(runner, context, self._watch(runner, handle, context))
+        self._finished = (handle, value)
+        return value
 
     def _defer(self, handle: AppHandle, status: AppStatus | None) -> None:
         self.log.info(
@@ -461,8 +507,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
 
     def get_job_result(self, external_id: Any, context: Context) -> Any:
         handle = str(external_id)
-        if self._result == handle:
-            return handle
+        if self._finished is not None and self._finished[0] == handle:
+            return self._finished[1]
         # an earlier try's job that already succeeded: show its logs and take its result
         self._handle = handle
         with self._runner() as runner:
@@ -549,6 +595,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
             known_usage=usage,
             read_result=True,
             on_status=self._status_log(),
+            budget=retry_budget(),
         )
         try:
             return watch.run()
@@ -557,7 +604,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
 
     def _silent(self, context: Context, message: str) -> NoReturn:
         """Fails the task of a job cancelled for its silence (XCom ``reason`` ``silent``)."""
-        context["ti"].xcom_push(key="reason", value=str(Reason.SILENT))
+        self._xcoms(context)("reason", str(Reason.SILENT))
         if Reason.SILENT in self.fail_fast_on:
             raise ShipyardJobSilentNoRetryError(
                 f"{message} [reason {Reason.SILENT} is in fail_fast_on: no retry]"
@@ -578,58 +625,79 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         return told
 
     def _push(self, context: Context, handle: AppHandle, status: AppStatus | None) -> None:
-        ti = context["ti"]
-        ti.xcom_push(key="app_id", value=parse_app_handle(handle).app_id)
-        ti.xcom_push(key="state", value=status.state.name if status else "UNKNOWN")
+        self._push_handle(context, handle)
+        self._xcoms(context)("state", status.state.name if status else "UNKNOWN")
         url = job_url(handle, status, self._ui_url_template())
-        if url:
-            ti.xcom_push(key=ShipyardJobLink().xcom_key, value=url)
+        if url:  # (a link is kept in an XCom of its own, whatever do_xcom_push says)
+            context["ti"].xcom_push(key=ShipyardJobLink().xcom_key, value=url)
 
     def _ui_url_template(self) -> str | None:
-        """The task's ``ui_url``, else its connection's (checked: a bad one names its field)."""
+        """The task's ``ui_url``, else its connection's, else ``[shipyard] ui_url`` (checked:
+        a bad one names where it is set)."""
         if self.ui_url:
             return check_ui_url_template(self.ui_url, "ui_url")
         if self.shipyard_conn_id:
             template = ShipyardHook(self.shipyard_conn_id).ui_url_template()
             if template:
                 return check_ui_url_template(template, f"{self.shipyard_conn_id}: extra.ui_url")
-        return None
+        return configured_ui_url()
 
-    def _finish(self, runner: Runner, context: Context, end: WatchEnd) -> AppHandle:
+    def _finish(self, runner: Runner, context: Context, end: WatchEnd) -> Any:
+        """Pushes the ended job's XComs and judges it; returns the task's return value (the
+        handle, or with ``return_result`` the result)."""
         handle, status = end.handle, end.status
+        push = self._xcoms(context)
         self._push(context, handle, status)
         if status is not None and status.reason:
-            context["ti"].xcom_push(key="reason", value=str(status.reason))
+            push("reason", str(status.reason))
         if status is not None and status.attempts:
-            context["ti"].xcom_push(key="attempts", value=[a.to_json() for a in status.attempts])
+            push("attempts", [a.to_json() for a in status.attempts])
         if status is not None and status.elements is not None and status.is_terminal():
-            return finish_array(runner, context, handle, status, self.allow_failures, self.log)
+            results = finish_array(
+                runner, handle, status, self.allow_failures, self.log, push,
+                result_key=None if self.return_result else "result",
+            )  # fmt: skip
+            return results if self.return_result else handle
+        value = None
         if status is not None and status.is_terminal():
-            self._push_outcome(context, status, end.result)
+            value = self._push_outcome(push, status, end.result)
         try:
             runner.check_succeeded(handle, status)
         except AppFailedError as e:
+            self._skip_if_told(handle, status)
             if e.reason in self.fail_fast_on:
                 raise ShipyardJobFailedNoRetryError(e) from e
             raise ShipyardJobFailedError(e) from e
         self.log.info("%s SUCCEEDED", handle)
-        return handle
+        return value if self.return_result else handle
 
-    def _push_outcome(self, context: Context, status: AppStatus, result: AppResult | None) -> None:
-        """The ended job's ``usage`` and ``result`` XComs, with a summary in the log."""
+    def _skip_if_told(self, handle: AppHandle, status: AppStatus | None) -> None:
+        """Skips the task when the failed job's exit code is one of ``skip_on_exit_code``."""
+        code = failed_exit_code(status)
+        if code is not None and code in self.skip_on_exit_code:
+            raise AirflowSkipException(
+                f"{handle} ended FAILED with exit code {code}, which is in skip_on_exit_code"
+                f" {sorted(self.skip_on_exit_code)}: skipping the task"
+            )
+
+    def _push_outcome(
+        self, push: XComs, status: AppStatus, result: AppResult | None
+    ) -> dict[str, dict[str, Any]] | None:
+        """The ended job's ``usage`` and ``result`` XComs (with ``return_result`` the result is
+        returned instead), with a summary in the log."""
         usage = usage_by_replica(status.roles)
         for line in usage_summary(status.roles):
             self.log.info("usage: %s", line)
         if usage:
-            context["ti"].xcom_push(key="usage", value=usage)
+            push("usage", usage)
         if result is None:  # a scheduler that collects no results
-            return
+            return None
         for error in result.errors:
             self.log.warning("result: %s", error)
-        values = {
-            role: {str(k): v for k, v in by_id.items()} for role, by_id in result.values().items()
-        }
-        context["ti"].xcom_push(key="result", value=values)
+        values = result_value(result)
+        if not self.return_result:
+            push("result", values)
+        return values
 
 
 def _event_cursor(event: Mapping[str, Any]) -> LogCursor:

@@ -10,6 +10,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
+from airflow_provider.config import retry_budget
 from airflow_provider.hooks.shipyard import ShipyardHook
 from airflow_provider.triggers import ShipyardJobTrigger
 from core.specs import AppState, parse_app_handle
@@ -99,8 +100,11 @@ class ShipyardJobSensor(BaseSensorOperator):
         parse_app_handle(handle)  # a malformed handle fails with the reason
         targets, failures = self._checked_states()
         with self._runner() as runner:
-            # a transient failure is retried within the budget (core.transient), then fails
-            status = call_with_retries(lambda: runner.status(handle), f"status of {handle}")
+            # a transient failure is retried within the budget ([shipyard] retry_budget, else
+            # core.transient's), then fails
+            status = call_with_retries(
+                lambda: runner.status(handle), f"status of {handle}", budget=retry_budget()
+            )
         if status is None:
             raise AirflowFailException(f"app {handle} is unknown to its scheduler")
         state = status.state.name

@@ -10,8 +10,9 @@ the job again) and returns it in its event, so the resumed task adds exactly the
 The waiting is a :class:`core.watch.JobWatch` (its async face, on the triggerer's event loop):
 every trigger of one triggerer process shares the process's status poller, so their handles are
 described together, one backend call per scheduler per poll interval however many jobs are being
-waited on, and a transient backend failure is retried within the budget of
-:mod:`core.transient` before the trigger fires an ``error`` event.
+waited on, and a transient backend failure is retried within the budget (Airflow's
+``[shipyard] retry_budget``, else :mod:`core.transient`'s) before the trigger fires an ``error``
+event.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from airflow.sdk import BaseHook, BaseXCom
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider._common import TERMINAL_STATES, make_runner, state_names
+from airflow_provider.config import retry_budget
 from airflow_provider.hooks.shipyard import connection_settings, docker_engine_from_connection
 from core.clusters import register_cluster
 from core.errors import JobSilentError
@@ -161,6 +163,7 @@ class ShipyardJobTrigger(BaseTrigger):
             on_line=lambda line: self.log.info("%s", line),
             cursor=_XComCursorStore(self, self.log_cursor),
             max_silence=self.max_silence,
+            budget=retry_budget(),
         )
         try:
             end = await watch.run_async()

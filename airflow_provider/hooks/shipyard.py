@@ -31,6 +31,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook, Connection
 
+from airflow_provider.config import session_name as configured_session
 from airflow_provider.connection_form import UI_FIELD_BEHAVIOUR
 from core.clusters import ClusterConfig, Secret, register_cluster
 from core.runner import Runner, get_runner
@@ -237,13 +238,14 @@ class ShipyardHook(BaseHook):
         return str(extra["ui_url"]) if extra.get("ui_url") else None
 
     def get_conn(self) -> Runner:
-        """A runner that can reach the connection's backend: its Slurm cluster is registered;
-        its ``local_docker`` connects to the connection's Docker engine, logged in to its
-        registry (on first use)."""
+        """A runner (of the session ``[shipyard] session`` names, if set) that can reach the
+        connection's backend: its Slurm cluster is registered; its ``local_docker`` connects to
+        the connection's Docker engine, logged in to its registry (on first use)."""
         self.settings()
+        session = configured_session()
         if self._engine is None:
-            return get_runner()
-        return get_runner(scheduler_factories=docker_scheduler_factories(self._engine))
+            return get_runner(session)
+        return get_runner(session, docker_scheduler_factories(self._engine))
 
     def test_connection(self) -> tuple[bool, str]:
         """Reaches the connection's backend once, as the connection form's Test button and

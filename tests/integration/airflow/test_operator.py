@@ -70,6 +70,7 @@ def test_runs_and_pushes_xcoms(runner: Any) -> None:
     assert parse_app_handle(handle).scheduler_backend == "local_cwd"
     usage = ti.xcoms.pop("usage")
     assert ti.xcoms == {
+        "shipyard_app_handle": handle,
         "app_id": parse_app_handle(handle).app_id,
         "state": "SUCCEEDED",
         "reason": "exit_code",  # why it ended
