@@ -48,6 +48,18 @@ def test_an_array_from_templated_params_pushes_states_and_results(
     assert "[2] w/0 lr=3" in out  # the failed element's last lines
 
 
+def test_an_arrays_results_are_its_return_value_and_no_xcom_means_none() -> None:
+    ti = TaskInstanceStub()
+    params = {"array_params": [{"lr": 1}, {"lr": 2}], "poll_interval": 0.2}
+    op = ShipyardOperator(task_id="job", app=app(RESULT), return_result=True, **params)
+    assert op.execute(context(ti)) == [{"w": {"0": {"lr": n}}} for n in (1, 2)]
+    assert ti.xcoms["array_states"] == ["SUCCEEDED"] * 2 and "result" not in ti.xcoms
+    ti = TaskInstanceStub()
+    quiet = ShipyardOperator(task_id="job", app=app(RESULT), do_xcom_push=False, **params)
+    assert quiet.execute(context(ti)).startswith("local_cwd://")
+    assert ti.xcoms == {}
+
+
 def test_too_many_failures_fail_the_task_and_a_retry_reruns_only_them(
     runner: Any, tmp_path: Path
 ) -> None:
