@@ -32,6 +32,7 @@ from core.errors import ShipyardError
 from core.specs import AppDef, AppState, Role, parse_app_handle
 
 if TYPE_CHECKING:
+    from core.cli_output import Output
     from core.reports import AppResult
     from core.runner import Runner
     from core.specs import AppStatus
@@ -110,19 +111,6 @@ def _load_app(args: argparse.Namespace) -> AppDef:
     return _inline_app(args)
 
 
-def _print_status(handle: str, status: Any, result: AppResult | None = None) -> None:
-    from core.reports import over_requests
-
-    print(f"{handle}\n{status.format()}")
-    for line in over_requests(status.roles) if status.is_terminal() else ():
-        print(f"Over-request: {line}")
-    for r in result.replicas if result is not None else ():
-        if r.error:
-            print(f"Result error: {r.error}")
-        elif r.present:
-            print(f"Result {r.name}: {json.dumps(r.value)}")
-
-
 def _result(runner: Runner, handle: str) -> AppResult | None:
     """What the app's replicas wrote to ``$SHIPYARD_RESULT_FILE``; None where the scheduler
     collects no results."""
@@ -136,16 +124,23 @@ def _result(runner: Runner, handle: str) -> AppResult | None:
 
 def _cmd_check(runner: Runner, app: AppDef, scheduler: str, args: argparse.Namespace) -> int:
     """``run --check``: every problem a submit would hit, nothing started; exit 2 if any."""
+    from core.cli_output import Output, problems_json
+
     cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg) if args.cfg else {}
     problems = runner.preflight(app, scheduler, cfg, args.workspace)
-    for p in problems:
-        print(f"{p.severity}: {p}".replace("\n", "; "))
     errors = sum(p.is_error for p in problems)
-    print(f"{scheduler}: {errors} problem(s) found" if errors else f"{scheduler}: no problems")
+    out = Output(args.json)
+    if args.json:
+        out.object(problems_json(scheduler, problems))
+        return EXIT_USAGE if errors else EXIT_OK
+    for p in problems:
+        out.text(f"{p.severity}: {p}".replace("\n", "; "))
+    out.text(f"{scheduler}: {errors} problem(s) found" if errors else f"{scheduler}: no problems")
     return EXIT_USAGE if errors else EXIT_OK
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from core.cli_output import Output
     from core.runner import get_runner
     from core.watch.silence import effective_max_silence
 
@@ -162,23 +157,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.check:
             return _cmd_check(runner, app, scheduler, args)
         cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg) if args.cfg else {}
+        out = Output(args.json)
         if args.dryrun:
             info = runner.dryrun(app, scheduler, cfg, args.workspace)
-            print(f"=== scheduler request ({scheduler}) ===\n{info}")
+            if args.json:
+                out.object({"scheduler": scheduler, "request": str(info)})
+            else:
+                out.text(f"=== scheduler request ({scheduler}) ===\n{info}")
             return EXIT_OK
         handle = _submit(runner, app, scheduler, cfg, args)
-        print(handle, flush=True)
-        if not (args.wait or args.log or args.max_silence is not None):
+        waiting = bool(args.wait or args.log or args.max_silence is not None)
+        out.submitted(handle, waiting)
+        if not waiting:
             return EXIT_OK
         try:
-            status = _wait(runner, handle, args, limit)
+            status = _wait(runner, handle, args, limit, out)
         except KeyboardInterrupt:  # (the watch cancelled the app)
             print(f"interrupted: cancelled {handle}", file=sys.stderr)
+            out.ended_without_status(handle, "interrupted")
             return EXIT_INTERRUPTED
         if status is None:
             print(f"{handle}: unknown to the scheduler", file=sys.stderr)
+            out.ended_without_status(handle, "unknown")
             return EXIT_APP_FAILED
-        _print_status(handle, status, _result(runner, handle))
+        out.final(handle, status, _result(runner, handle))
         return EXIT_OK if status.state == AppState.SUCCEEDED else EXIT_APP_FAILED
 
 
@@ -244,7 +246,7 @@ def _checked_max_silence(args: argparse.Namespace) -> float | None:
 
 
 def _wait(
-    runner: Runner, handle: str, args: argparse.Namespace, limit: float | None
+    runner: Runner, handle: str, args: argparse.Namespace, limit: float | None, out: Output
 ) -> AppStatus | None:
     """Waits for the app: with ``--log`` printing every replica's lines, otherwise showing
     replica states on stderr as they change (``--progress``: auto, a live line on a terminal
@@ -256,7 +258,7 @@ def _wait(
     from core.watch.progress import Progress
 
     if args.log and is_array_handle(handle):
-        return _wait_array_logs(runner, handle)
+        return _wait_array_logs(runner, handle, out)
     progress = None
     if not args.log and args.progress != "none":
         live = None if args.progress == "auto" else args.progress == "live"
@@ -269,7 +271,11 @@ def _wait(
         shared=False,
         cancel_on_exit=True,
         logs=args.log or limit is not None,
-        on_line=(lambda line: print(str(line), flush=True)) if args.log else None,
+        on_line=(
+            (lambda line: out.log_line(handle, line.role, line.replica, line.line))
+            if args.log
+            else None
+        ),
         max_silence=limit,
         on_status=progress.update if progress is not None else None,
     )
@@ -292,7 +298,7 @@ def is_array_handle(handle: str) -> bool:
     return arrays.is_array_id(app_id) and arrays.split_element_id(app_id)[1] is None
 
 
-def _wait_array_logs(runner: Runner, handle: str) -> AppStatus | None:
+def _wait_array_logs(runner: Runner, handle: str, out: Output) -> AppStatus | None:
     """``run --array --log``: every element's lines, each prefixed ``[i]``, printed as that
     element ends (elements run side by side: their lines would interleave). Ctrl-C cancels the
     array."""
@@ -309,7 +315,7 @@ def _wait_array_logs(runner: Runner, handle: str) -> AppStatus | None:
             try:
                 for role, k in runner.replicas(e.handle):
                     for line in runner.log_lines(e.handle, role, k):
-                        print(f"[{e.index}] {line.rstrip(chr(10))}", flush=True)
+                        out.log_line(e.handle, role, k, line, element=e.index)
             except ValueError as err:  # (e.g. an element cancelled before it ran)
                 print(f"[{e.index}] no logs: {err}", file=sys.stderr)
 
@@ -335,7 +341,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         out["result"] = result.to_json()["replicas"] if result is not None else None
         print(json.dumps(out, indent=2))
     else:
-        _print_status(args.handle, status, result)
+        from core.cli_output import Output
+
+        Output().final(args.handle, status, result)
     return EXIT_OK
 
 
@@ -353,6 +361,7 @@ def _split_log_target(target: str) -> tuple[str, str | None, int | None]:
 
 
 def _cmd_log(args: argparse.Namespace) -> int:
+    from core.cli_output import Output
     from core.runner import get_runner
     from core.schedulers.api import Stream
 
@@ -365,6 +374,7 @@ def _cmd_log(args: argparse.Namespace) -> int:
     since = parse_time(args.since, "--since") if args.since else None
     until = parse_time(args.until, "--until") if args.until else None
     streams = Stream(args.streams) if args.streams else None
+    out = Output(args.json, flush=args.tail)  # (a whole log: flushed once per replica)
     with get_runner() as runner:
         replicas = runner.replicas(handle)
         if not replicas:
@@ -380,7 +390,8 @@ def _cmd_log(args: argparse.Namespace) -> int:
                 handle, should_tail=True, regex=args.regex, streams=streams, since=since
             ):
                 if (entry.role, entry.replica) in selected:
-                    print(str(entry), flush=True)
+                    out.log_line(handle, entry.role, entry.replica, entry.line)
+                    out.stream.flush()
             return EXIT_OK
         prefix = len(selected) > 1
         for r, i in selected:
@@ -389,10 +400,8 @@ def _cmd_log(args: argparse.Namespace) -> int:
                 should_tail=args.tail, streams=streams,
             )  # fmt: skip
             for line in lines:
-                sys.stdout.write(f"{r}/{i} {line}" if prefix else line)
-                if not line.endswith("\n"):
-                    sys.stdout.write("\n")
-            sys.stdout.flush()
+                out.log_line(handle, r, i, line, prefix=prefix)
+            out.stream.flush()
     return EXIT_OK
 
 
@@ -406,12 +415,12 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
             print(f"{args.handle}: no such app", file=sys.stderr)
             return EXIT_APP_FAILED
         runner.cancel(args.handle)
-        if args.wait:
-            status = runner.wait(args.handle, wait_interval=0.2, timeout=timeout)
-            if status is not None:
-                print(f"{args.handle} {status.state.name}")
-                return EXIT_OK
-    print(f"cancelled {args.handle}")
+        status = runner.wait(args.handle, wait_interval=0.2, timeout=timeout) if args.wait else None
+    state = status.state.name if status is not None else None
+    if args.json:
+        print(json.dumps({"app_handle": args.handle, "cancelled": True, "state": state}))
+    else:
+        print(f"{args.handle} {state}" if state else f"cancelled {args.handle}")
     return EXIT_OK
 
 
@@ -452,6 +461,11 @@ def _cmd_runopts(args: argparse.Namespace) -> int:
             opts = {args.scheduler: runner.scheduler_run_opts(args.scheduler)}
         else:
             opts = runner.run_opts()
+    if args.json:
+        from core.cli_output import runopts_json
+
+        print(json.dumps(runopts_json(opts), indent=2))
+        return EXIT_OK
     for name, o in opts.items():
         print(f"{name}:\n{o}")
     return EXIT_OK
@@ -494,6 +508,12 @@ def _add_run_parser(sub: Any) -> None:
     run.add_argument("--cfg", help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`)")
     run.add_argument("--workspace", help="directory to apply as the workspace")
     run.add_argument("--dryrun", action="store_true", help="print the request, submit nothing")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON: the handle; with --wait the final status too; with --log each line"
+        " (JSON lines); with --check the problems; with --dryrun the request",
+    )
     run.add_argument(
         "--check",
         action="store_true",
@@ -587,11 +607,15 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--until", help="ISO time or duration ago")
     lg.add_argument("-t", "--tail", action="store_true", help="follow until the app ends")
     lg.add_argument("--streams", choices=["stdout", "stderr", "combined"])
+    lg.add_argument(
+        "--json", action="store_true", help="JSON lines: app_handle, role, replica, line"
+    )
     lg.set_defaults(func=_cmd_log)
 
     cc = sub.add_parser("cancel", help="cancel an app")
     cc.add_argument("handle")
     cc.add_argument("--wait", action="store_true", help="wait until it is terminal")
+    cc.add_argument("--json", action="store_true", help="print app_handle, cancelled, state")
     cc.add_argument(
         "--timeout", default="60", metavar="DURATION", help="with --wait: at most this long (60)"
     )
@@ -605,6 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ro = sub.add_parser("runopts", help="show the options of one or every scheduler")
     ro.add_argument("scheduler", nargs="?")
+    ro.add_argument("--json", action="store_true", help="name, type, default, help, required")
     ro.set_defaults(func=_cmd_runopts)
 
     sc = sub.add_parser(
