@@ -122,11 +122,12 @@ def _result(runner: Runner, handle: str) -> AppResult | None:
         return None
 
 
-def _cmd_check(runner: Runner, app: AppDef, scheduler: str, args: argparse.Namespace) -> int:
+def _cmd_check(
+    runner: Runner, app: AppDef, scheduler: str, cfg: Any, args: argparse.Namespace
+) -> int:
     """``run --check``: every problem a submit would hit, nothing started; exit 2 if any."""
     from core.cli_output import Output, problems_json
 
-    cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg) if args.cfg else {}
     problems = runner.preflight(app, scheduler, cfg, args.workspace)
     errors = sum(p.is_error for p in problems)
     out = Output(args.json)
@@ -148,15 +149,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # --max-silence, else the app's own (metadata.max_silence) once the run is waited for
     limit = effective_max_silence(_checked_max_silence(args), app)
     with get_runner() as runner:
-        scheduler = args.scheduler or runner.scheduler_backends()[0]
-        if scheduler not in runner.scheduler_backends():
-            raise ValueError(
-                f"--scheduler: unknown scheduler {scheduler!r}; expected one of"
-                f" {', '.join(runner.scheduler_backends())}"
-            )
+        scheduler, cfg = _scheduler_and_cfg(runner, args)
         if args.check:
-            return _cmd_check(runner, app, scheduler, args)
-        cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg) if args.cfg else {}
+            return _cmd_check(runner, app, scheduler, cfg, args)
         out = Output(args.json)
         if args.dryrun:
             info = runner.dryrun(app, scheduler, cfg, args.workspace)
@@ -182,6 +177,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return EXIT_APP_FAILED
         out.final(handle, status, _result(runner, handle))
         return EXIT_OK if status.state == AppState.SUCCEEDED else EXIT_APP_FAILED
+
+
+def _scheduler_and_cfg(runner: Runner, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """``--scheduler`` and ``--cfg`` over the environment over the defaults files
+    (:mod:`core.defaults`)."""
+    from core.defaults import scheduler_and_cfg
+
+    return scheduler_and_cfg(
+        args.scheduler, args.cfg, runner.scheduler_backends(), runner.scheduler_run_opts
+    )
 
 
 def _submit(runner: Runner, app: AppDef, scheduler: str, cfg: Any, args: argparse.Namespace) -> str:
@@ -425,14 +430,18 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    import inspect
+
     from core.runner import get_runner
 
     with get_runner() as runner:
-        cfg = None
-        if args.cfg:
-            scheduler = args.scheduler or runner.scheduler_backends()[0]
-            cfg = runner.scheduler_run_opts(scheduler).cfg_from_str(args.cfg)
-        apps = runner.list(args.scheduler, cfg)
+        scheduler, cfg = _scheduler_and_cfg(runner, args)
+        if (
+            not args.cfg
+            and "cfg" not in inspect.signature(runner.scheduler(scheduler).list).parameters
+        ):
+            cfg = {}  # (the defaults' run options are for a scheduler that lists by them)
+        apps = runner.list(scheduler, cfg or None)
     if args.json:
         print(
             json.dumps(
@@ -504,8 +513,13 @@ def _epilog() -> str:
 def _add_run_parser(sub: Any) -> None:
     """``shipyard run``'s arguments."""
     run = sub.add_parser("run", help="submit an app (from a YAML file or an inline command)")
-    run.add_argument("-s", "--scheduler", help="scheduler to run on (default: local_cwd)")
-    run.add_argument("--cfg", help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`)")
+    run.add_argument(
+        "-s", "--scheduler", help="scheduler to run on (default: the defaults file's, or local_cwd)"
+    )
+    run.add_argument(
+        "--cfg",
+        help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`), over the defaults file's",
+    )
     run.add_argument("--workspace", help="directory to apply as the workspace")
     run.add_argument("--dryrun", action="store_true", help="print the request, submit nothing")
     run.add_argument(

@@ -193,11 +193,28 @@ class runopts:  # noqa: N801 - name fixed by the specification
             resolved[name] = value
         return resolved
 
+    def coerce(self, cfg: Cfg) -> dict[str, CfgVal]:
+        """The options ``cfg`` gives, checked and converted to their types (strings parsed as
+        on a command line); no defaults filled in, and a required option may be missing (a
+        later layer, or :meth:`resolve`, supplies it).
+
+        Raises:
+            ValueError: for an unknown key (listing the valid ones) or a value of the wrong type.
+        """
+        unknown = sorted(str(k) for k in cfg if k not in self._opts)
+        if unknown:
+            raise ValueError(
+                f"cfg: unknown option(s) {', '.join(unknown)}; valid options are:"
+                f" {', '.join(self._opts) or '(none)'}"
+            )
+        return {name: self._coerce(name, self._opts[name], value) for name, value in cfg.items()}
+
     def cfg_from_str(self, cfg_str: str) -> dict[str, CfgVal]:
         """Parses ``"k1=v1,k2=v2"`` into a typed cfg.
 
         A comma-separated part without ``=`` continues the previous value, so list and dict
-        options can be given as ``copy_env=A*,B*`` or ``env=A:1,B:2``.
+        options can be given as ``copy_env=A*,B*`` or ``env=A:1,B:2``. Only the options given
+        are returned (see :meth:`coerce`).
         """
         parsed: dict[str, str] = {}
         key: str | None = None
@@ -210,7 +227,7 @@ class runopts:  # noqa: N801 - name fixed by the specification
                 parsed[key] += "," + part
             elif part.strip():
                 raise ValueError(f"cfg: expected key=value, got {part!r}")
-        return {k: v for k, v in self.resolve(parsed).items() if k in parsed}
+        return self.coerce(parsed)
 
     def __repr__(self) -> str:
         return str(self)
