@@ -183,6 +183,9 @@ def create_array(
 
 
 def _start_beside(adir: ArrayDir, created: bool) -> None:
+    # (first hands the interpreter back to the submitter, whose return is what its caller
+    # waits for; else this thread's Python work may hold it for a switch interval, 5 ms)
+    time.sleep(0.002)
     ensure_driver(adir)
     if created:
         _prune(adir.backend, adir.session)
