@@ -512,13 +512,20 @@ def _epilog() -> str:
 
 def _add_run_parser(sub: Any) -> None:
     """``shipyard run``'s arguments."""
+    from core import cli_complete as complete
+
     run = sub.add_parser("run", help="submit an app (from a YAML file or an inline command)")
-    run.add_argument(
-        "-s", "--scheduler", help="scheduler to run on (default: the defaults file's, or local_cwd)"
+    complete.attach(
+        run.add_argument(
+            "-s", "--scheduler", help="scheduler to run on (default: the defaults', or local_cwd)"
+        ),
+        complete.schedulers,
     )
-    run.add_argument(
-        "--cfg",
-        help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`), over the defaults file's",
+    complete.attach(
+        run.add_argument(
+            "--cfg", help="scheduler options: k1=v1,k2=v2 (see `shipyard runopts`), over defaults"
+        ),
+        complete.cfg_keys,
     )
     run.add_argument("--workspace", help="directory to apply as the workspace")
     run.add_argument("--dryrun", action="store_true", help="print the request, submit nothing")
@@ -573,11 +580,14 @@ def _add_run_parser(sub: Any) -> None:
     run.add_argument(
         "--max-parallel", type=int, metavar="K", help="an array's elements running at once"
     )
-    run.add_argument(
-        "--after",
-        action="append",
-        metavar="HANDLE",
-        help="start only once this app (or array) ended (repeatable; see --after-condition)",
+    complete.attach(
+        run.add_argument(
+            "--after",
+            action="append",
+            metavar="HANDLE",
+            help="start only once this app (or array) ended (repeatable; see --after-condition)",
+        ),
+        complete.handles,
     )
     run.add_argument(
         "--after-condition",
@@ -597,6 +607,8 @@ def _add_run_parser(sub: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``shipyard`` argument parser."""
+    from core import cli_complete as complete
+
     p = _Parser(
         prog="shipyard",
         description="Launch and follow multi-role jobs.",
@@ -610,12 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_parser(sub)
 
     st = sub.add_parser("status", help="show an app's state and replicas")
-    st.add_argument("handle")
+    complete.attach(st.add_argument("handle"), complete.handles)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_status)
 
     lg = sub.add_parser("log", help="print an app's logs: HANDLE[/role[/replica]]")
-    lg.add_argument("target")
+    complete.attach(lg.add_argument("target"), complete.log_targets)
     lg.add_argument("--regex", help="only lines matching this regular expression")
     lg.add_argument("--since", help="ISO time or duration ago (30s, 5m, 2h, 1h30m)")
     lg.add_argument("--until", help="ISO time or duration ago")
@@ -627,7 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg.set_defaults(func=_cmd_log)
 
     cc = sub.add_parser("cancel", help="cancel an app")
-    cc.add_argument("handle")
+    complete.attach(cc.add_argument("handle"), complete.handles)
     cc.add_argument("--wait", action="store_true", help="wait until it is terminal")
     cc.add_argument("--json", action="store_true", help="print app_handle, cancelled, state")
     cc.add_argument(
@@ -636,13 +648,19 @@ def build_parser() -> argparse.ArgumentParser:
     cc.set_defaults(func=_cmd_cancel)
 
     ls = sub.add_parser("list", help="list apps on a scheduler")
-    ls.add_argument("-s", "--scheduler", help="default: local_cwd")
-    ls.add_argument("--cfg", help="scheduler options, e.g. cluster=hpc1 for -s slurm")
+    complete.attach(
+        ls.add_argument("-s", "--scheduler", help="default: the defaults', or local_cwd"),
+        complete.schedulers,
+    )
+    complete.attach(
+        ls.add_argument("--cfg", help="scheduler options, e.g. cluster=hpc1 for -s slurm"),
+        complete.cfg_keys,
+    )
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_cmd_list)
 
     ro = sub.add_parser("runopts", help="show the options of one or every scheduler")
-    ro.add_argument("scheduler", nargs="?")
+    complete.attach(ro.add_argument("scheduler", nargs="?"), complete.schedulers)
     ro.add_argument("--json", action="store_true", help="name, type, default, help, required")
     ro.set_defaults(func=_cmd_runopts)
 
