@@ -59,6 +59,9 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "Shipyard", "python-modules": ["airflow_provider.hooks.shipyard"]}
         ],
         "extra-links": ["airflow_provider.links.ShipyardJobLink"],
+        "task-decorators": [
+            {"class-name": "airflow_provider.decorators.shipyard_task", "name": "shipyard"}
+        ],
         "config": CONFIG,
         "connection-types": [
             {
