@@ -565,6 +565,20 @@ def _add_run_parser(sub: Any) -> None:
         help="cancel the app once a running replica printed no line for that long (a hung"
         " collective); implies --wait. Default: the app's metadata.max_silence when waiting",
     )
+    _add_array_and_after_args(run)
+    run.add_argument("--name", help="app name (default: from the file or the command)")
+    run.add_argument("--role-name", help="inline app: role name")
+    run.add_argument("--image", help="inline app: image")
+    run.add_argument("--replicas", type=int, default=1, help="inline app: number of replicas")
+    run.add_argument("--env", action="append", help="inline app: KEY=VALUE (repeatable)")
+    run.add_argument("appfile", nargs="?", help="APP.yaml (or give an inline command after --)")
+    run.set_defaults(func=_cmd_run)
+
+
+def _add_array_and_after_args(run: argparse.ArgumentParser) -> None:
+    """``shipyard run``'s arguments for arrays (``--array`` ...) and dependencies (``--after``)."""
+    from core import cli_complete as complete
+
     run.add_argument(
         "--array",
         metavar="0-N[%K]",
@@ -596,13 +610,6 @@ def _add_run_parser(sub: Any) -> None:
         help="with --after: they all succeeded (ok, the default), all ended (any), all ended"
         " without success (notok); else the app ends CANCELLED",
     )
-    run.add_argument("--name", help="app name (default: from the file or the command)")
-    run.add_argument("--role-name", help="inline app: role name")
-    run.add_argument("--image", help="inline app: image")
-    run.add_argument("--replicas", type=int, default=1, help="inline app: number of replicas")
-    run.add_argument("--env", action="append", help="inline app: KEY=VALUE (repeatable)")
-    run.add_argument("appfile", nargs="?", help="APP.yaml (or give an inline command after --)")
-    run.set_defaults(func=_cmd_run)
 
 
 def build_parser() -> argparse.ArgumentParser:
