@@ -14,7 +14,7 @@ import urllib.parse
 
 from core.specs import AppHandle, AppStatus, parse_app_handle
 
-__all__ = ["UI_URL_ENV", "check_ui_url_template", "job_url"]
+__all__ = ["UI_URL_ENV", "check_ui_url_template", "job_url", "template_or_env"]
 
 #: the environment variable holding a URL template when nothing else gives one
 UI_URL_ENV = "SHIPYARD_UI_URL"
@@ -42,6 +42,18 @@ def _is_url(value: str) -> bool:
     return urllib.parse.urlsplit(value).scheme in ("http", "https")
 
 
+def template_or_env(template: str | None) -> str | None:
+    """``template``, else ``$SHIPYARD_UI_URL`` (checked), else None.
+
+    Raises:
+        ValueError: ``$SHIPYARD_UI_URL`` is not a usable template (naming it).
+    """
+    if template:
+        return template
+    env = os.environ.get(UI_URL_ENV) or None
+    return check_ui_url_template(env, f"${UI_URL_ENV}") if env else None
+
+
 def job_url(handle: AppHandle, status: AppStatus | None, template: str | None) -> str | None:
     """The job's URL: the backend's (``status.ui_url``, when it is an http(s) URL), else
     ``template`` (or ``$SHIPYARD_UI_URL``) filled in; None without either.
@@ -51,10 +63,7 @@ def job_url(handle: AppHandle, status: AppStatus | None, template: str | None) -
     """
     if status is not None and status.ui_url and _is_url(status.ui_url):
         return status.ui_url
-    if not template:
-        template = os.environ.get(UI_URL_ENV) or None
-        if template:
-            check_ui_url_template(template, f"${UI_URL_ENV}")
+    template = template_or_env(template)
     if not template:
         return None
     parsed = parse_app_handle(handle)

@@ -17,9 +17,11 @@ from core.specs import AppHandle, AppState, AppStatus, CfgVal
 from core.watch import JobWatch
 from prefect_tasks import jobs, waiting
 from prefect_tasks.blocks import SlurmCluster, resolve_backend, runner_for, use_cluster
+from prefect_tasks.events import JobEvents
 from prefect_tasks.tasks import (
     DEFAULT_CANCEL_CHECK_INTERVAL,
     DEFAULT_POLL_INTERVAL,
+    announce,
     run_logger,
     with_cluster,
 )
@@ -77,6 +79,7 @@ def submit_array(
             )
         logger.info("array %s (key %s)", handle, key)
         jobs.track(handle)
+        announce(runner, handle, appdef.name, backend, logger)
         return handle
 
 
@@ -130,7 +133,8 @@ def wait_for_array(
     with runner_for(cluster) as runner:
         watch = JobWatch(
             runner, handle, poll_interval=poll_interval, logger=logger, timeout=timeout,
-            cancel_on_timeout=True, cancel_on_exit=True, on_status=on_status,
+            cancel_on_timeout=True, cancel_on_exit=True,
+            on_status=JobEvents(handle, then=on_status),
             should_stop=waiting.CancelWatch(cancel_check_interval).reason,
         )  # fmt: skip
         status = watch.run().status

@@ -35,15 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import Field, HttpUrl, SecretStr
 
 from core.clusters import ClusterConfig, Secret, register_cluster
+from core.joburl import check_ui_url_template
 from core.runner import Runner, get_runner
-from core.schedulers import get_scheduler_factories
+from core.schedulers import SchedulerFactory, get_scheduler_factories
 from core.schedulers.docker_scheduler import DockerEngine, connect
 from core.specs import Cfg
 
 __all__ = [
+    "PROCESS_LOGO_URL",
     "Backend",
     "ShipyardBackend",
     "SlurmCluster",
@@ -54,6 +56,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: the icon of a job run as processes: Shipyard has no logo hosted anywhere, so its blocks and
+#: worker show the one Prefect 3.7's own process worker shows (prefect.workers.process)
+PROCESS_LOGO_URL = (
+    "https://cdn.sanity.io/images/3ugk85nk/production/"
+    "356e6766a91baf20e1d08bbe16e8b5aaef4d8643-48x48.png"
+)
+
 
 class SlurmCluster(Block):
     """A Slurm cluster that is not the worker's own: the settings of ``core.clusters``."""
@@ -63,6 +72,29 @@ class SlurmCluster(Block):
     _description = (
         "A Slurm cluster reached over SSH (a login node) or slurmrestd, for Shipyard jobs."
     )
+    #: Slurm's own logo, as SchedMD's documentation site serves it
+    _logo_url = HttpUrl("https://slurm.schedmd.com/slurm_logo.png")
+    #: slurmrestd's documentation (the REST settings: rest_url, token, api_version)
+    _documentation_url = HttpUrl("https://slurm.schedmd.com/rest.html")
+    _code_example = """
+    ```python
+    from prefect import flow
+    from prefect_tasks import SlurmCluster, submit_job, wait_for_job
+
+    SlurmCluster(
+        cluster_name="hpc1",
+        transport="ssh",
+        host="login.hpc.example",
+        user="alice",
+        private_key=open("id_ed25519").read(),
+    ).save("hpc1")
+
+    @flow
+    def train():
+        handle = submit_job("app.yaml", cluster="hpc1")
+        return wait_for_job(handle, cluster="hpc1")
+    ```
+    """
 
     cluster_name: str = Field(
         description="The cluster's name in app handles (slurm://session/{cluster_name}:{job id})."
@@ -152,6 +184,27 @@ class ShipyardBackend(Block):
         "A Shipyard backend: the scheduler (local_cwd, local_docker, slurm ...), its default run"
         " options, and the Docker engine, registry credentials or Slurm cluster it uses."
     )
+    _logo_url = HttpUrl(PROCESS_LOGO_URL)
+    #: Prefect's page on blocks (saving, loading, referencing them in work pools)
+    _documentation_url = HttpUrl("https://docs.prefect.io/v3/concepts/blocks")
+    _code_example = """
+    ```python
+    from prefect import flow
+    from prefect_tasks import ShipyardBackend, SlurmCluster, submit_job, wait_for_job
+
+    ShipyardBackend(
+        scheduler="slurm", cfg={"partition": "gpu"}, cluster=SlurmCluster.load("hpc1")
+    ).save("gpu")
+
+    @flow
+    def train():
+        handle = submit_job("app.yaml", scheduler="gpu")  # the block, or its name
+        return wait_for_job(handle, cluster="gpu")
+    ```
+
+    As the backend of a Shipyard work pool's flow runs: the job variable `backend` (the
+    block, picked in the UI, or its name).
+    """
 
     scheduler: str = Field(
         default="local_cwd",
@@ -186,6 +239,13 @@ class ShipyardBackend(Block):
         default=None,
         description="A Slurm cluster that is not this host's (the scheduler is then slurm).",
     )
+    ui_url: str | None = Field(
+        default=None,
+        description="URL template of a job's page in a dashboard, linked from the run that"
+        " submits it (a link artifact): fields {handle}, {scheduler}, {session}, {app_id},"
+        " {job_id}, e.g. https://grafana.example/d/slurm?var-job={job_id}. Default:"
+        " $SHIPYARD_UI_URL.",
+    )
 
     def resolve(self, cfg: Cfg | None = None) -> Backend:
         """The backend with ``cfg`` over the block's default options; registers its cluster.
@@ -203,6 +263,8 @@ class ShipyardBackend(Block):
             merged.setdefault("cluster", self.cluster.register())
         if (self.registry_username is None) != (self.registry_password is None):
             raise ValueError("registry_username and registry_password: give both or neither")
+        if self.ui_url:
+            check_ui_url_template(self.ui_url, "ui_url")
         return Backend(self.scheduler, merged, self)
 
     def docker_engine(self) -> DockerEngine:
@@ -239,11 +301,26 @@ class Backend:
     cfg: Cfg | None
     block: ShipyardBackend | None = field(default=None, compare=False)
 
+    @property
+    def ui_url(self) -> str | None:
+        """The block's job-page URL template, if it has one."""
+        return self.block.ui_url if self.block is not None else None
+
     def runner(self) -> Runner:
         """A runner that reaches this backend (the block's Docker engine, if it names one)."""
+        factories = self.factories()
+        return get_runner() if factories is None else get_runner(scheduler_factories=factories)
+
+    def factories(self) -> dict[str, SchedulerFactory] | None:
+        """The scheduler factories of a runner that reaches this backend; None: the default
+        ones (a block that names no Docker engine, registry or TLS setting).
+
+        Raises:
+            ValueError: the block names a Docker engine and ``local_docker`` is not installed.
+        """
         block = self.block
         if block is None or not block.needs_docker_client:
-            return get_runner()
+            return None
         factories = dict(get_scheduler_factories())
         docker_factory = factories.get("local_docker")
         if docker_factory is None:
@@ -254,7 +331,7 @@ class Backend:
             return docker_factory(session_name, **{**kwargs, "docker_engine": engine})
 
         factories["local_docker"] = make_docker
-        return get_runner(scheduler_factories=factories)
+        return factories
 
 
 def _load(name: str) -> SlurmCluster | ShipyardBackend:

@@ -430,16 +430,46 @@ def async_twin(
 def publish_table(rows: list[dict[str, Any]], description: str, logger: Any) -> None:
     """A table artifact of the current run (nothing outside a run, or if the API refuses: the
     log has the figures)."""
-    try:
-        from prefect.artifacts import acreate_table_artifact, create_table_artifact
+    from prefect.artifacts import acreate_table_artifact, create_table_artifact
 
+    _publish(create_table_artifact, acreate_table_artifact, (rows,), description, logger)
+
+
+def publish_link(url: str, text: str, description: str, logger: Any) -> None:
+    """A link artifact of the current run (nothing outside a run, or if the API refuses)."""
+    from prefect.artifacts import acreate_link_artifact, create_link_artifact
+
+    _publish(create_link_artifact, acreate_link_artifact, (url, text), description, logger)
+
+
+def _publish(
+    sync: Callable[..., Any],
+    async_: Callable[..., Any],
+    args: tuple[Any, ...],
+    description: str,
+    logger: Any,
+) -> None:
+    if not has_api():
+        return
+    try:
         if _loop_running():
-            create_table_artifact(rows, description=description)
+            sync(*args, description=description)
         else:  # (in the thread of an async task's body the sync call would only hand back a
             # coroutine: the async one is run to its end on a loop of this thread's own)
-            asyncio.run(acreate_table_artifact(rows, description=description))
+            asyncio.run(async_(*args, description=description))
     except Exception as e:
         logger.debug("no artifact %r: %s", description, e)
+
+
+def has_api() -> bool:
+    """Whether there is a Prefect API to send artifacts and events to: a run's, or
+    ``PREFECT_API_URL`` (without either Prefect would start a temporary server for them)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return True
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
 def _loop_running() -> bool:

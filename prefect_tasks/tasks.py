@@ -30,6 +30,7 @@ from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from core.errors import JobCancelledError, JobSilentError
+from core.joburl import job_url, template_or_env
 from core.reports import usage_summary
 from core.runner import Runner
 from core.schedulers import get_scheduler_factories
@@ -37,12 +38,14 @@ from core.specs import AppHandle, AppStatus, Cfg, parse_app_handle
 from core.watch import AttemptsLog, JobWatch, LogLine, check_max_silence, is_interrupt
 from prefect_tasks import jobs, waiting
 from prefect_tasks.blocks import (
+    Backend,
     ShipyardBackend,
     SlurmCluster,
     resolve_backend,
     runner_for,
     use_cluster,
 )
+from prefect_tasks.events import JobEvents, emit_job_state, remember_name
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
@@ -162,12 +165,18 @@ def submit_job(
 
     The scheduler defaults to ``local_cwd`` (``slurm`` with a ``cluster``).
 
+    The job's state as read after the submit is its first Prefect event
+    (``shipyard.job.<state>``, see :mod:`prefect_tasks.events`); when its page in a dashboard
+    is known (the backend's ``ui_url``, else the block's ``ui_url`` template, else
+    ``$SHIPYARD_UI_URL``) the run gets a link artifact to it.
+
     Raises:
         ValueError: bad input, naming the field, before anything is submitted.
     """
     backend = resolve_backend(scheduler, cfg)
     name, cfg = with_cluster(backend.scheduler, backend.cfg, use_cluster(cluster))
     _check_submit_args(name, cfg, workspace, idempotency_key)
+    template_or_env(backend.ui_url)  # (a bad $SHIPYARD_UI_URL fails here, before the submit)
     logger = run_logger()
     appdef = jobs.resolve_app(app)
     key = idempotency_key or jobs.derive_idempotency_key(appdef, name, cfg, workspace)
@@ -178,7 +187,24 @@ def submit_job(
         if why:
             jobs.cancel_quietly(runner, handle, logger, why)
             raise JobCancelledError(handle, why)
+        announce(runner, handle, appdef.name, backend, logger)
         return handle
+
+
+def announce(runner: Runner, handle: AppHandle, name: str, backend: Backend, logger: Any) -> None:
+    """What follows a submit: the job's state as its first event and, when its page is known,
+    a link artifact to it. Never raises (the job runs: that is what counts)."""
+    remember_name(handle, name)
+    try:
+        status = runner.status(handle)
+    except Exception as e:  # (the wait reads it again, retrying)
+        logger.debug("no status of %s after submitting it: %s", handle, e)
+        status = None
+    emit_job_state(handle, status, name)
+    url = job_url(handle, status, backend.ui_url)
+    if url:
+        logger.info("%s: %s", handle, url)
+        jobs.publish_link(url, handle, f"Shipyard job {handle} ({name})", logger)
 
 
 submit_job_async = _async_task(
@@ -259,7 +285,7 @@ def wait_for_job(
             on_line=lambda line: logger.info("%s", line),
             max_silence=max_silence,
             final_usage=True,
-            on_status=AttemptsLog(logger),
+            on_status=JobEvents(handle, then=AttemptsLog(logger)),
         )
         try:
             status = watch.run().status
@@ -399,6 +425,7 @@ def stream_job_logs(
             replica=replica,
             regex=regex,
             tail=should_tail,
+            on_status=JobEvents(handle),
         )
         try:
             stopped = watch.run().stopped
@@ -453,6 +480,7 @@ def cancel_job(
             logger=logger,
             timeout=timeout,
             should_stop=jobs.interrupted,
+            on_status=JobEvents(handle),
         )
         try:
             status = watch.run().status

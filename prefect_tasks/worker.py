@@ -18,7 +18,10 @@ pool (``job_variables``).
   process are polled together by its status poller (one backend call per scheduler per poll),
   and the flow runs being cancelled are read with one API call per poll.
 * A job that fails or is cancelled outside Prefect marks its run Crashed or Cancelled; a run
-  cancelled in Prefect has its job cancelled (:meth:`ShipyardWorker.kill_infrastructure`).
+  cancelled in Prefect has its job cancelled (:meth:`ShipyardWorker.kill_infrastructure`: a
+  polite stop, then forced after ``grace_seconds``; see :mod:`prefect_tasks.worker_cancel`).
+* Each state the job reaches is a Prefect event ``shipyard.job.<state>`` (see
+  :mod:`prefect_tasks.events`), related to the flow run, its deployment and this worker.
 * A worker that starts follows again the runs of its pool that carry its name and are not final.
 * The job's output goes to the worker's log, one record per line, each line once: the job's
   watch reads it once the job runs, and the position reached (a :class:`~core.watch.LogCursor`)
@@ -29,7 +32,9 @@ pool (``job_variables``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
+import json
 import logging
 import re
 import shlex
@@ -61,11 +66,11 @@ from prefect.workers.base import (
     BaseWorker,
     BaseWorkerResult,
 )
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from core.clusters import get_cluster
 from core.errors import BackendUnavailableError
-from core.runner import Runner, Submission
+from core.runner import Runner, Submission, get_runner
 from core.schedulers import get_scheduler_factories
 from core.specs import (
     AppDef,
@@ -78,7 +83,9 @@ from core.specs import (
     parse_mounts,
 )
 from core.watch import JobWatch
-from prefect_tasks.blocks import Backend, ShipyardBackend, resolve_backend
+from prefect_tasks.blocks import PROCESS_LOGO_URL, Backend, ShipyardBackend, resolve_backend
+from prefect_tasks.events import JobEvents
+from prefect_tasks.worker_cancel import cancel_within, graced_factories
 from prefect_tasks.worker_output import OutputCheckpoints
 
 if TYPE_CHECKING:
@@ -113,7 +120,9 @@ class ShipyardJobConfiguration(BaseJobConfiguration):
 
     scheduler: str = Field(default="local_cwd")
     cfg: dict[str, Any] = Field(default_factory=dict)
-    backend: str | None = Field(default=None)
+    #: a Shipyard Backend block (a block reference of the job variables, resolved by Prefect),
+    #: or the name of a saved one (deployments made before the variable was typed as a block)
+    backend: ShipyardBackend | str | None = Field(default=None)
     image: str | None = Field(default=None)
     cpu: int | None = Field(default=None)
     mem_mb: int | None = Field(default=None)
@@ -155,10 +164,11 @@ class ShipyardVariables(BaseVariables):
         description="The scheduler's run options (`shipyard runopts NAME`), e.g. partition,"
         " cluster, log_dir.",
     )
-    backend: str | None = Field(
+    backend: ShipyardBackend | str | None = Field(
         default=None,
-        description="The name of a saved Shipyard Backend block (scheduler, default run options,"
-        " Docker engine and registry, Slurm cluster); `cfg` goes over its options.",
+        description="A Shipyard Backend block (scheduler, default run options, Docker engine"
+        " and registry, Slurm cluster), or the name of a saved one; `cfg` goes over its"
+        " options.",
     )
     image: str | None = Field(
         default=None,
@@ -186,6 +196,19 @@ class ShipyardVariables(BaseVariables):
     poll_interval: float = Field(
         default=DEFAULT_POLL_INTERVAL, description="Seconds between two polls of the job."
     )
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Prefect's schema of the variables, where a Shipyard Backend block's definition
+        requires ``scheduler``: Prefect accepts a block reference (``{"$ref":
+        {"block_document_id": ...}}``) for a block variable only if it matches exactly one of
+        the block's definition and the reference form, and a block whose fields all have
+        defaults matches both (a deployment would be refused)."""
+        schema = super().model_json_schema(*args, **kwargs)
+        for definition in schema.get("definitions", {}).values():
+            if definition.get("block_type_slug") == ShipyardBackend.get_block_type_slug():
+                definition["required"] = sorted({*definition.get("required", []), "scheduler"})
+        return schema
 
 
 class ShipyardWorkerResult(BaseWorkerResult):
@@ -290,6 +313,19 @@ def flow_run_app(
     return AppDef(name=_app_name(configuration, flow_run), roles=[role])
 
 
+def _runner_key(backend: ShipyardBackend | str | None) -> str | None:
+    """Which of the worker's runners serves ``backend``: one per saved block's name, one per
+    block given by reference (the same settings, secrets included, share one)."""
+    if backend is None or isinstance(backend, str):
+        return backend or None
+    text = json.dumps(backend.model_dump(), sort_keys=True, default=_plain)
+    return "block:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plain(value: Any) -> str:
+    return value.get_secret_value() if isinstance(value, SecretStr) else repr(value)
+
+
 def exit_code(status: AppStatus | None) -> int:
     """The job's exit code: 0 if it succeeded, else its first non-zero replica exit code (1 when
     the backend gave none, 143 for a cancelled job without one)."""
@@ -322,12 +358,14 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         "Run each flow run as a Shipyard job: local processes, a Docker engine or a Slurm cluster"
         " (this host's, over SSH or slurmrestd)."
     )
-    _documentation_url = "https://github.com/shipyard/shipyard#prefect-worker"
-    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/main/docs/images/logos/prefect-logo-mark.png"
+    #: Prefect's page on work pools and workers (Shipyard has no documentation site)
+    _documentation_url = "https://docs.prefect.io/v3/concepts/work-pools"
+    #: (Shipyard has no logo hosted anywhere: the icon of Prefect's own process worker)
+    _logo_url = PROCESS_LOGO_URL
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._runners: dict[str | None, Runner] = {}
+        self._runners: dict[str | None, Runner] = {}  # (by _runner_key of the backend)
         self._tracked: dict[AppHandle, _Tracked] = {}
         self._intervals: dict[AppHandle, float] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -366,8 +404,13 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
 
     async def _backend(self, configuration: ShipyardJobConfiguration) -> tuple[Backend, Runner]:
         """The backend and runner of a configuration (a runner per backend block, kept)."""
-        if configuration.backend:
-            block: object = await ShipyardBackend.aload(configuration.backend)
+        chosen = configuration.backend
+        if chosen:
+            block: object = (
+                chosen
+                if isinstance(chosen, ShipyardBackend)
+                else await ShipyardBackend.aload(chosen)
+            )
             assert isinstance(block, ShipyardBackend)
             backend = await anyio.to_thread.run_sync(block.resolve, configuration.cfg)
         else:
@@ -379,9 +422,10 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
                 f"scheduler: unknown scheduler {backend.scheduler!r}; expected one of"
                 f" {', '.join(get_scheduler_factories())}"
             )
-        runner = self._runners.get(configuration.backend)
+        key = _runner_key(chosen)
+        runner = self._runners.get(key)
         if runner is None:
-            runner = self._runners.setdefault(configuration.backend, backend.runner())
+            runner = self._runners.setdefault(key, backend.runner())
         return backend, runner
 
     # -- running -----------------------------------------------------------------------------
@@ -457,6 +501,11 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         budget is told in the run's log, and the job followed on: it may well be running."""
         prefix = flow_run.name
         output = self._output_log
+        events = JobEvents(
+            handle,
+            _app_name(configuration, flow_run),
+            self._event_related_resources(configuration, include_self=True),
+        )
         while True:
             watch = JobWatch(
                 runner,
@@ -466,6 +515,7 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
                 logs=configuration.stream_output,
                 on_line=lambda line: output.info("%s | %s", prefix, line),
                 cursor=self.checkpoints.store(flow_run.id, handle),
+                on_status=events,
             )
             try:
                 return (await watch.run_async()).status
@@ -531,8 +581,10 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
         configuration: ShipyardJobConfiguration,
         grace_seconds: int = 30,
     ) -> None:
-        """Cancels the job whose app handle is ``infrastructure_pid`` (its scheduler gives it
-        the grace it is configured with: the Docker ``stop_timeout``, Slurm's ``KillWait``).
+        """Cancels the job whose app handle is ``infrastructure_pid``: a polite stop (SIGTERM
+        to its replicas), up to ``grace_seconds`` for it to end, then a forced one (SIGKILL on
+        local processes; Docker and Slurm force it after their own grace, ``stop_timeout`` and
+        ``KillWait``: see :mod:`prefect_tasks.worker_cancel`).
 
         Raises:
             InfrastructureNotFound: no such job.
@@ -543,14 +595,19 @@ class ShipyardWorker(BaseWorker[ShipyardJobConfiguration, ShipyardVariables, Shi
             raise InfrastructureNotFound(
                 f"not a Shipyard app handle: {infrastructure_pid!r}"
             ) from None
-        _, runner = await self._backend(configuration)
+        backend, runner = await self._backend(configuration)
         status = await anyio.to_thread.run_sync(runner.status, infrastructure_pid)
         if status is None:
             raise InfrastructureNotFound(f"no Shipyard job {infrastructure_pid}")
         tracked = self._tracked.get(infrastructure_pid)
         if tracked is not None:
             tracked.cancel_requested = True
-        await anyio.to_thread.run_sync(runner.cancel, infrastructure_pid)
+        factories = backend.factories() or get_scheduler_factories()
+
+        def graced(grace: float) -> Runner:
+            return get_runner(scheduler_factories=graced_factories(factories, grace))
+
+        await cancel_within(graced, infrastructure_pid, grace_seconds, self._output_log)
 
     # -- a restarted worker ------------------------------------------------------------------
 
