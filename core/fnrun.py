@@ -80,7 +80,23 @@ def _load():
             f"function: could not load the function or its arguments in the job: "
             f"{type(e).__name__}: {e} (is every module it uses importable there?)",
         )
+    _name_files(fn)
     return fn, args, kwargs
+
+
+def _name_files(fn):
+    """Gives the functions that came by value the file they were written in (cloudpickle
+    drops it), so that the traceback names the file and line of each frame."""
+    origin = os.environ.get("SHIPYARD_FUNCTION_FILE")
+    if not origin:
+        return
+    for obj in [fn, *getattr(fn, "__globals__", {}).values()]:
+        code = getattr(obj, "__code__", None)
+        if code is not None and code.co_filename == "<dynamic-code>":
+            try:
+                obj.__code__ = code.replace(co_filename=origin)
+            except (AttributeError, TypeError, ValueError):
+                pass
 
 
 def _env(name):

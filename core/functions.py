@@ -49,6 +49,8 @@ __all__ = [
 
 #: the environment variable carrying the pickled call
 FUNCTION_ENV = "SHIPYARD_FUNCTION"
+#: the environment variable naming the file the function was written in (for tracebacks)
+FILE_ENV = "SHIPYARD_FUNCTION_FILE"
 #: the environment variable naming the submitter's Python minor version (``3.11``)
 PYTHON_ENV = "SHIPYARD_FUNCTION_PYTHON"
 #: the largest encoded call (one environment string may hold 128 KiB on Linux)
@@ -70,7 +72,28 @@ class RemoteTraceback(Exception):
     """The traceback of an exception raised in a job; the ``__cause__`` of the re-raised one."""
 
     def __init__(self, handle: str, text: str) -> None:
-        super().__init__(f"\nin {handle}:\n{text}")
+        super().__init__(f"\nin {handle}:\n{with_source_lines(text)}")
+
+
+_FRAME_RE = re.compile(r'^  File "([^"<][^"]*)", line (\d+), in ')
+
+
+def with_source_lines(text: str) -> str:
+    """A formatted traceback with each frame's source line added where the job could not
+    read it (a file only this host has)."""
+    import linecache
+
+    lines = text.splitlines()
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        m = _FRAME_RE.match(line)
+        has_source = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+        if m and not has_source:
+            source = linecache.getline(m.group(1), int(m.group(2))).strip()
+            if source:
+                out.append(f"    {source}")
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 @functools.cache
@@ -171,9 +194,18 @@ def function_app(
         args=["-c", runtime_source()],
         env={FUNCTION_ENV: payload, PYTHON_ENV: "{}.{}".format(*sys.version_info[:2])},
     )
+    source = _source_file(fn)
+    if source:
+        role.env[FILE_ENV] = source
     if resource is not None:
         role.resource = resource
     return AppDef(name=role.name, roles=[role], metadata={"shipyard.function": "1"})
+
+
+def _source_file(fn: Callable[..., Any]) -> str | None:
+    code = getattr(fn, "__code__", None)
+    name = getattr(code, "co_filename", None)
+    return name if isinstance(name, str) and not name.startswith("<") else None
 
 
 def element_params(calls: Iterable[Any]) -> list[dict[str, str]]:

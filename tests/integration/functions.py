@@ -39,6 +39,9 @@ def refuse(what: str) -> None:
     raise Refused(f"refused {what}", 7)
 
 
+_RAISE_LINE = refuse.__code__.co_firstlineno + 1
+
+
 def square(x: int) -> int:
     return x * x
 
@@ -47,11 +50,11 @@ def check_value_exception_and_map(
     runner: Runner, scheduler: str, cfg: dict[str, Any] | None = None, image: str = ""
 ) -> None:
     """A return value (positional, keyword and runner-like keyword arguments), an exception
-    re-raised here with the job's traceback, and a map of three calls in order."""
+    re-raised here with the job's traceback, and a map of 20 calls, in order."""
     kw: dict[str, Any] = {"scheduler": scheduler, "cfg": cfg, "image": image}
     ok = runner.run_function(combine, 2, b=5, scale=3, timeout="10m", **kw)
     bad = runner.run_function(refuse, "politely", **kw)
-    mapped = runner.map_function(square, [1, 2, (3,)], max_parallel=2, **kw)
+    mapped = runner.map_function(square, [*range(19), (19,)], max_parallel=8, **kw)
 
     value = runner.wait_function(ok, timeout=120)
     assert value["sum"] == 21 and value["timeout"] == "10m", value
@@ -60,10 +63,13 @@ def check_value_exception_and_map(
     assert info.value.code == 7 and str(info.value) == "('refused politely', 7)"
     cause = info.value.__cause__
     assert isinstance(cause, RemoteTraceback)
-    assert "in refuse" in str(cause) and bad in str(cause), str(cause)
+    # the job's frame names this file, the line and its text
+    assert bad in str(cause), str(cause)
+    assert f'{__file__}", line {_RAISE_LINE}, in refuse' in str(cause), str(cause)
+    assert 'raise Refused(f"refused {what}", 7)' in str(cause), str(cause)
     status = runner.status(bad)
     assert status is not None and status.state == AppState.FAILED
-    assert runner.wait_map(mapped, timeout=180) == [1, 4, 9]
+    assert runner.wait_map(mapped, timeout=180) == [i * i for i in range(20)]
 
 
 def check_no_outcome(runner: Runner, handle: str, words: str) -> None:
