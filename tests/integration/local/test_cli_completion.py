@@ -15,7 +15,12 @@ SHIPYARD = str(Path(sys.executable).with_name("shipyard"))
 
 def test_values_complete(tmp_path: Path) -> None:
     session = f"comp{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "SHIPYARD_SESSION": session, "XDG_CONFIG_HOME": str(tmp_path / "x")}
+    env = {
+        **os.environ,
+        "SHIPYARD_SESSION": session,
+        "SHIPYARD_STATE_DIR": str(tmp_path / "state"),  # (local apps: this test's alone)
+        "XDG_CONFIG_HOME": str(tmp_path / "x"),
+    }
     out = tmp_path / "completions"
 
     def complete(line: str) -> list[str]:
