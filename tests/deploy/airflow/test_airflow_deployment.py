@@ -475,3 +475,19 @@ def test_every_reason_reaches_its_task_xcom(airflow_api: AirflowAPI) -> None:
     assert {task: run.xcom(task, "reason") for task in expected} == expected
     assert run.ti("upstream")["state"] == "success"  # (it only submitted)
     assert run.xcom("dependent", "state") == "CANCELLED"
+
+
+def test_a_task_shipyard_function_returns_its_value_through_the_api(
+    airflow_api: AirflowAPI,
+) -> None:
+    """``@task.shipyard`` in the deployment: the dag processor's copy of the DAG file sends
+    the function by value, the triggerer waits, and the value is the XCom the API gives."""
+    name = unique("fn")
+    run = airflow_api.trigger("shipyard_deploy_function", {"name": name, "n": 3})
+    assert run.wait() == "success"
+    value = run.xcom("train")
+    assert value["name"] == name and value["losses"] == [1.0, 0.5, 1 / 3], value
+    assert run.job_lines("train", "train/0 ") == [f"train/0 training {name} on 3 samples"]
+    assert parse_app_handle(run.xcom("train", "shipyard_app_handle")).scheduler_backend == (
+        "local_cwd"
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from airflow_provider.operators import ShipyardOperator
 from airflow_provider.sensors import ShipyardJobSensor
@@ -260,3 +260,27 @@ with DAG(
         poll_interval=0.5,
     )
     upstream >> dependent
+
+with DAG(
+    dag_id="shipyard_deploy_function",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    params={"name": "deploy", "n": 4},
+    tags=["shipyard", "deploy-test"],
+):
+    # (a function of this DAG file: it travels by value to the job, and back as the XCom)
+    @task.shipyard(
+        task_id="train",
+        scheduler="local_cwd",
+        deferrable=True,
+        poll_interval=0.5,
+        execution_timeout=timedelta(minutes=10),
+    )
+    def train(name: str, n: str) -> dict[str, object]:
+        import os
+
+        print(f"training {name} on {n} samples", flush=True)
+        return {"name": name, "losses": [1 / (i + 1) for i in range(int(n))], "pid": os.getpid()}
+
+    train("{{ params.name }}", "{{ params.n }}")
