@@ -196,6 +196,16 @@ def run(ctx: Ctx) -> list[Row]:
         result_row,
     )
 
+    # -- a Python function as a job (issue 29) ------------------------------------------------
+    sec.measure(
+        sec.row(
+            "run_function round trip: a function returning a dict",
+            ratio(1.2),
+            raw_name="run of the same work + result",
+        ),
+        lambda row: _function_row(row, runner, ctx.runs),
+    )
+
     # -- describe from a fresh process ------------------------------------------------------
     def describe_row(row: Row, cold: bool) -> None:
         h = runner.run(_app("bdesc", "sleep", ["60"], 8), "local_cwd")
@@ -322,3 +332,46 @@ def run(ctx: Ctx) -> list[Row]:
 
 if __name__ == "__main__":
     sys.exit("run `python -m bench --only local`")
+
+
+def _square_dict(x: int) -> dict[str, int]:
+    return {"x": x, "square": x * x}
+
+
+#: the same work as ``_square_dict`` run as a plain app: this interpreter, cloudpickle
+#: imported (a function job needs it too), the dict written to ``$SHIPYARD_RESULT_FILE``
+_SAME_WORK = (
+    "import cloudpickle, json, os; json.dump({'x': 7, 'square': 49},"
+    " open(os.environ['SHIPYARD_RESULT_FILE'], 'w'))"
+)
+
+
+def _function_row(row: Row, runner: Any, runs: int) -> None:
+    """``run_function`` + ``wait_function`` beside ``run`` + ``wait`` + ``result`` of an app
+    doing the same in the same interpreter; the note gives the pickle's own cost."""
+    import cloudpickle
+
+    # (by value, as a script's function: by reference the job would import the bench itself)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    app = _app("bfn", sys.executable, ["-c", _SAME_WORK])
+
+    def shipyard() -> float:
+        t0 = time.perf_counter()
+        h = runner.run_function(_square_dict, 7, scheduler="local_cwd")
+        if runner.wait_function(h) != {"x": 7, "square": 49}:
+            raise AssertionError(f"{h}: wrong value")
+        return time.perf_counter() - t0
+
+    def raw() -> float:
+        t0 = time.perf_counter()
+        h = runner.run(app, "local_cwd")
+        runner.wait(h)
+        if runner.result(h).get("r") != {"x": 7, "square": 49}:
+            raise AssertionError(f"{h}: wrong result")
+        return time.perf_counter() - t0
+
+    fill(row, interleave({"shipyard": shipyard, "raw": raw}, runs * 2, warmup=2))
+    t0 = time.perf_counter()
+    for _ in range(100):
+        cloudpickle.dumps((_square_dict, (7,), {}))
+    row.note = f"pickling the call: {(time.perf_counter() - t0) * 10:.3f} ms"

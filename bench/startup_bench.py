@@ -47,7 +47,7 @@ def run(ctx: Ctx) -> list[Row]:
             import_row,
         )
 
-    def cli_row(row: Row) -> None:
+    def cli_row(row: Row, argv: list[str]) -> None:
         shipyard = os.path.join(os.path.dirname(py), "shipyard")
         if not os.path.exists(shipyard):
             shipyard_cmd = [py, "-m", "core.cli"]
@@ -59,7 +59,7 @@ def run(ctx: Ctx) -> list[Row]:
             row,
             interleave(
                 {
-                    "shipyard": lambda: _timed([*shipyard_cmd, "run", "--wait", "--", "true"], cwd),
+                    "shipyard": lambda: _timed([*shipyard_cmd, *argv], cwd),
                     "raw": lambda: _timed(
                         [py, "-c", "import subprocess; subprocess.run(['true'])"], cwd
                     ),
@@ -69,14 +69,19 @@ def run(ctx: Ctx) -> list[Row]:
             ),
         )
 
-    sec.measure(
-        sec.row(
-            "`shipyard run --wait -- true` wall",
-            at_most_ms(150),
-            raw_name="python -c subprocess.run(['true'])",
-        ),
-        cli_row,
-    )
+    for argv in (["--version"], ["run", "--wait", "--", "true"]):
+
+        def measure(row: Row, argv: list[str] = argv) -> None:
+            cli_row(row, argv)
+
+        sec.measure(
+            sec.row(
+                f"`shipyard {' '.join(argv)}` wall",
+                at_most_ms(150),
+                raw_name="python -c subprocess.run(['true'])",
+            ),
+            measure,
+        )
 
     def mem_row(row: Row) -> None:
         def worker(kind: str) -> dict[str, int]:
