@@ -3,6 +3,8 @@ runner, and checked by mypy for callers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -12,7 +14,6 @@ from core.runner import get_runner
 from core.schedulers.local_scheduler import LocalOpts, create_cwd_scheduler
 from core.schedulers.slurm_scheduler import SlurmOpts, SlurmScheduler
 from core.specs import AppDef, Role
-from tests.helpers import ROOT
 
 
 def test_local_opts_has_the_local_run_options() -> None:
@@ -42,7 +43,7 @@ def test_a_typed_cfg_reaches_the_scheduler(tmp_path: Path) -> None:
 
 
 def test_mypy_checks_typed_cfgs_for_callers(tmp_path: Path) -> None:
-    mypy_api = pytest.importorskip("mypy.api")
+    pytest.importorskip("mypy.api")
     caller = tmp_path / "caller.py"
     caller.write_text(
         textwrap.dedent(
@@ -64,18 +65,14 @@ def test_mypy_checks_typed_cfgs_for_callers(tmp_path: Path) -> None:
             """
         )
     )
-    out, err, status = mypy_api.run(
-        [
-            "--no-incremental",
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--config-file",
-            str(ROOT / "pyproject.toml"),
-            "--follow-imports",
-            "silent",
-            str(caller),
-        ]
-    )
+    # as a user's project would: its own directory, no configuration, Shipyard installed
+    # (found through its py.typed markers, not the source tree)
+    p = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
+         "caller.py"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    out, err, status = p.stdout, p.stderr, p.returncode
     errors = [line for line in out.splitlines() if ": error:" in line]
     assert status == 1, out + err
     assert len(errors) == 2, out
