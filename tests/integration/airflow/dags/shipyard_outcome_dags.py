@@ -21,21 +21,23 @@ WRITE_RESULT = (
 )
 
 
-def _app(name: str, script: str) -> AppDef:
-    return AppDef(name, [Role(name, entrypoint="sh", args=["-c", script])])
+def _app(name: str, script: str, wait: float) -> AppDef:
+    """``script`` after ``wait`` seconds (a deferred task defers only while its job runs)."""
+    return AppDef(name, [Role(name, entrypoint="sh", args=["-c", f"sleep {wait}; {script}"])])
 
 
-def _result_app() -> AppDef:
-    return AppDef("train", [Role("train", entrypoint="python3", args=["-c", WRITE_RESULT])])
+def _result_app(wait: float) -> AppDef:
+    return _app("train", f'python3 -c "{WRITE_RESULT}"', wait)
 
 
 with DAG(
     "shipyard_test_outcome", schedule=None, start_date=datetime(2025, 1, 1), catchup=False
 ) as outcome_dag:
     for mode, deferrable in (("blocking", False), ("deferred", True)):
+        wait = 2.0 if deferrable else 0.0
         train = ShipyardOperator(
             task_id=f"train_{mode}",
-            app=_result_app(),
+            app=_result_app(wait),
             scheduler=SCHEDULER,
             poll_interval=0.5,
             deferrable=deferrable,
@@ -50,7 +52,7 @@ with DAG(
         use(train.output)
         ShipyardOperator(
             task_id=f"skip_{mode}",
-            app=_app("skip", "echo 'nothing to do'; exit 99"),
+            app=_app("skip", "echo 'nothing to do'; exit 99", wait),
             scheduler=SCHEDULER,
             poll_interval=0.5,
             deferrable=deferrable,
@@ -58,7 +60,7 @@ with DAG(
         )
         ShipyardOperator(
             task_id=f"quiet_{mode}",
-            app=_result_app(),
+            app=_result_app(wait),
             scheduler=SCHEDULER,
             poll_interval=0.5,
             deferrable=deferrable,
