@@ -16,8 +16,8 @@ from tests.helpers import wait_until
 from tests.integration.prefect.helpers import DEADLINE, flow_run_artifacts, sh_app
 
 
-def job_events(handle: str, count: int) -> list[Any]:
-    """The events of the job ``handle`` (oldest first), once the server stored ``count``."""
+def job_events(handle: str, *wanted: str) -> list[Any]:
+    """The events of the job ``handle`` (oldest first), once the server stored those named."""
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventResourceFilter
 
@@ -28,9 +28,9 @@ def job_events(handle: str, count: int) -> list[Any]:
                 limit=50,
             )
         events = sorted(page.events, key=lambda e: e.occurred)
-        return events if len(events) >= count else None
+        return events if set(wanted) <= {e.event for e in events} else None
 
-    found: list[Any] = wait_until(stored, DEADLINE, f"{count} events of {handle}")
+    found: list[Any] = wait_until(stored, DEADLINE, f"events {wanted} of {handle}")
     return found
 
 
@@ -46,7 +46,7 @@ def test_each_state_is_one_event_and_the_run_links_to_the_job(name: str) -> None
     state = run_job(app, f"{name}-ui", return_state=True)
     assert state.is_completed(), state
     handle = state.result().handle
-    events = job_events(handle, 2)
+    events = job_events(handle, "shipyard.job.running", "shipyard.job.succeeded")
     names = [e.event for e in events]
     assert names[-2:] == ["shipyard.job.running", "shipyard.job.succeeded"], names
     assert len(names) == len(set(names))  # (each state once, though two tasks saw RUNNING)
@@ -75,7 +75,7 @@ def test_a_failed_job_has_its_reason_and_exit_codes(name: str) -> None:
         raise AssertionError("the job did not fail")
 
     handle = fails()
-    failed = job_events(handle, 2)[-1]
+    failed = job_events(handle, "shipyard.job.failed")[-1]
     assert failed.event == "shipyard.job.failed"
     assert failed.payload["exit_codes"] == {"w": [7]}
     assert failed.payload["reason"] == "exit_code" and failed.payload["state"] == "FAILED"
