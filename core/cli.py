@@ -195,7 +195,7 @@ def _submit(runner: Runner, app: AppDef, scheduler: str, cfg: Any, args: argpars
         if args.max_parallel is not None:
             raise ValueError("--max-parallel: only for an array (--array or --array-params)")
         return runner.run(
-            app, scheduler, cfg, args.workspace, after=args.after,
+            app, scheduler, cfg, args.workspace, args.idempotency_key, after=args.after,
             after_condition=args.after_condition,
         )  # fmt: skip
     if args.workspace:
@@ -209,7 +209,7 @@ def _submit(runner: Runner, app: AppDef, scheduler: str, cfg: Any, args: argpars
     cap = args.max_parallel if cap is None else cap
     return runner.run_array(
         app, scheduler, cfg, size=size, params=params, max_parallel=cap, after=args.after,
-        after_condition=args.after_condition,
+        after_condition=args.after_condition, idempotency_key=args.idempotency_key,
     )  # fmt: skip
 
 
@@ -564,6 +564,12 @@ def _add_run_parser(sub: Any) -> None:
         metavar="DURATION",
         help="cancel the app once a running replica printed no line for that long (a hung"
         " collective); implies --wait. Default: the app's metadata.max_silence when waiting",
+    )
+    run.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="submit once per KEY: a rerun (after exit 75, a crash, a timeout) gets the app"
+        " the first one made, if it made one",
     )
     _add_array_and_after_args(run)
     run.add_argument("--name", help="app name (default: from the file or the command)")

@@ -318,7 +318,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
 
         Raises:
             ValueError: Slurm rejected an option (e.g. an unknown partition): nothing queued.
-            RuntimeError: the submission failed for another reason.
+            RuntimeError: the submission failed (BackendUnavailableError: retry with the key).
         """
         req = dryrun_info.request
         client = self.client(req.cluster)
@@ -331,8 +331,8 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
             self._undo_job_dir(client, req.job_dir, created)
             first = next(iter(req.replicas.values()))
             raise submit_error(str(e), dict(first.sbatch_opts)) from None
-        except TransportError as e:
-            raise RuntimeError(
+        except TransportError as e:  # (retryable: a keyed rerun finds what it queued)
+            raise BackendUnavailableError(
                 f"slurm: the submission may or may not have reached the cluster: {e}"
             ) from e
         if req.key:

@@ -442,7 +442,8 @@ class CommandClient(SlurmClient):
 
 def submit_error(message: str, cfg: dict[str, object]) -> Exception:
     """The error to raise for a refused submission: a ``ValueError`` naming the option when
-    the message says which one, else a ``RuntimeError``."""
+    the message says which one, a ``BackendUnavailableError`` (retryable) when the controller
+    did not answer, else a ``RuntimeError``."""
     low = message.lower()
     for key, needle in (
         ("partition", "partition"),
@@ -454,4 +455,12 @@ def submit_error(message: str, cfg: dict[str, object]) -> Exception:
             return ValueError(f"cfg.{key}: sbatch rejected {cfg.get(key)!r}: {message}")
     if "memory" in low:
         return ValueError(f"resource.memMB: sbatch rejected the memory request: {message}")
+    if any(n in low for n in ("unable to contact slurm controller", "temporarily unable")):
+        return BackendUnavailableError(
+            f"slurm: the controller did not take the job, nothing was queued: {message}"
+        )
+    if "timed out" in low:  # (it may have queued it before the answer was lost)
+        return BackendUnavailableError(
+            f"slurm: the submission may or may not have reached the cluster: {message}"
+        )
     return RuntimeError(f"sbatch failed, nothing was queued: {message}")

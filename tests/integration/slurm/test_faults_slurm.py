@@ -15,7 +15,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ import pytest
 from core.runner import Runner, get_runner
 from core.schedulers.api import Stream
 from core.specs import AppDef, AppState, Role, is_terminal
-from tests.helpers import wait_until
+from tests.helpers import ROOT, wait_until
 
 
 def _free_ports(n: int) -> list[int]:
@@ -276,3 +278,53 @@ def test_slurmctld_restart_with_jobs_queued_running_and_done(
         out = list(runner.log_lines(running, "w", k, streams=Stream.STDOUT))
         assert out == [f"up {k}\n", "bye\n"], out
     assert not outage, outage
+
+
+def test_outage_a_wait_resumes_and_a_keyed_cli_submit_makes_one_job(
+    cluster: PrivateSlurm, runner: Runner, tmp_path: Path
+) -> None:
+    """slurmctld down while a job runs, a wait follows it and a user submits with a key: the
+    wait treats the outage as transient and returns the job's real end; the submit either
+    succeeds or exits 75 (try again), and its rerun gets the same job: one job per key."""
+    go = tmp_path / "go"
+    job = f"while [ ! -e {go} ]; do sleep 0.1; done; echo done"
+    running = runner.run(
+        AppDef("run", [Role("w", entrypoint="/bin/sh", args=["-c", job])]), "slurm"
+    )
+    wait_until(lambda: (s := runner.status(running)) is not None and s.state == AppState.RUNNING)
+    waited: dict[str, Any] = {}
+
+    def follow() -> None:
+        try:
+            waited["status"] = runner.wait(running, wait_interval=0.5, timeout=600)
+        except BaseException as e:  # (the test reports it)
+            waited["error"] = e
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    key = f"outage-{os.getpid()}"
+    argv = [sys.executable, "-m", "core.cli", "run", "-s", "slurm", "--idempotency-key", key,
+            "--", "/bin/echo", "keyed"]  # fmt: skip
+    env = {**cluster.env, "PYTHONPATH": str(ROOT)}
+
+    cluster.stop_controller()
+    during = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert during.returncode in (0, 75), during.stderr
+    cluster.start_controller()
+    go.touch()
+
+    again = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    handle = again.stdout.strip().splitlines()[-1]
+    if during.returncode == 0:
+        assert during.stdout.strip().splitlines()[-1] == handle
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i %k", "-t", "all"], env=cluster.env,
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert sum(key in line for line in jobs.splitlines()) == 1, jobs
+    follower.join(timeout=600)
+    assert "error" not in waited, waited
+    status = waited["status"]
+    assert status is not None and status.state == AppState.SUCCEEDED
+    assert runner.wait(handle, timeout=120) is not None
+    final = runner.status(handle)
+    assert final is not None and final.state == AppState.SUCCEEDED
