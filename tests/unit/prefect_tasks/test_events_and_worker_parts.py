@@ -116,3 +116,32 @@ def test_blocks_name_real_pages_and_check_their_template() -> None:
         ShipyardBackend(scheduler="local_cwd", ui_url="https://x/{jobid}").resolve()
     backend = ShipyardBackend(scheduler="local_cwd", ui_url="https://x/{job_id}").resolve()
     assert backend.ui_url == "https://x/{job_id}"
+
+
+def test_the_worker_emits_its_jobs_states(
+    sent: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from core.runner import get_runner
+    from core.specs import AppDef, Role
+    from prefect_tasks.worker import ShipyardJobConfiguration
+    from tests.unit.core.memory_scheduler import MemoryScheduler, use_memory_scheduler
+
+    use_memory_scheduler(monkeypatch)
+    monkeypatch.setenv("SHIPYARD_STATE_DIR", str(tmp_path))
+    worker = ShipyardWorker(work_pool_name="events", name=f"events-{uuid.uuid4().hex[:6]}")
+    flow_run = SimpleNamespace(id=uuid.uuid4(), name="brave-otter")
+    with get_runner() as runner:
+        handle = runner.run(AppDef("flow", [Role("flow-run", entrypoint="true")]), "memory")
+        app_id = handle.rsplit("/", 1)[1]
+        threading.Timer(0.3, MemoryScheduler.finish, (app_id, AppState.SUCCEEDED)).start()
+        configuration = ShipyardJobConfiguration(poll_interval=0.1)
+        final = asyncio.run(worker._watch(flow_run, configuration, runner, handle))  # type: ignore[arg-type]
+    assert final is not None and final.state == AppState.SUCCEEDED
+    assert [e["event"] for e in sent] == ["shipyard.job.running", "shipyard.job.succeeded"]
+    assert sent[-1]["resource"]["prefect.resource.name"] == "brave-otter"  # (the app's name)
+    roles = {r.get("prefect.resource.role") for r in sent[-1]["related"]}
+    assert "worker" in roles
