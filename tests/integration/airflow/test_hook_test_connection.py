@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,26 @@ def test_the_connection_form_has_every_cluster_setting() -> None:
 
     (conn_type,) = get_provider_info()["connection-types"]
     assert set(CLUSTER_EXTRAS) <= set(conn_type["conn-fields"])
+
+
+def test_airflow_connections_test_runs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``airflow connections test`` command, as an operator types it (the feature enabled
+    in the configuration), on a good connection and on one whose port is closed."""
+    import subprocess
+    import sys
+
+    use_remote_clusters(monkeypatch, tmp_path)
+    good = _cluster_conn("ssh")
+    bad = {**_cluster_conn("ssh"), "port": 1}
+    env = {
+        **os.environ,
+        "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+        "AIRFLOW_CONN_SY_GOOD": json.dumps(good),
+        "AIRFLOW_CONN_SY_BAD": json.dumps(bad),
+    }
+    airflow = [sys.executable, "-m", "airflow", "connections", "test"]
+    ok = subprocess.run([*airflow, "sy_good"], env=env, capture_output=True, text=True)
+    assert "Connection success!" in ok.stdout, ok.stdout + ok.stderr
+    no = subprocess.run([*airflow, "sy_bad"], env=env, capture_output=True, text=True)
+    assert "Connection failed!" in no.stdout and "host:" in no.stdout, no.stdout + no.stderr
+    assert good["extra"]["private_key"].strip().splitlines()[-1][-12:] not in no.stdout + no.stderr
