@@ -328,3 +328,56 @@ def test_outage_a_wait_resumes_and_a_keyed_cli_submit_makes_one_job(
     assert runner.wait(handle, timeout=120) is not None
     final = runner.status(handle)
     assert final is not None and final.state == AppState.SUCCEEDED
+
+
+def _dbd_pid() -> int | None:
+    try:
+        pid = int(Path("/run/slurmdbd.pid").read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.fixture
+def accounting_down(slurm_cluster: None) -> Iterator[None]:
+    """The test rig's slurmdbd (22.05) stopped for the test, and started again after it as
+    scripts/start_slurm.sh starts it; the cluster is left as it was found."""
+    pid = _dbd_pid()
+    if pid is None:
+        pytest.fail("slurmdbd does not run (scripts/start_slurm.sh starts it)")
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: _dbd_pid() is None, 30, "slurmdbd to stop")
+    try:
+        yield
+    finally:
+        subprocess.run(["slurmdbd"], stdin=subprocess.DEVNULL, capture_output=True, check=True)
+
+        def answers() -> bool:
+            p = subprocess.run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
+                               capture_output=True, timeout=30)  # fmt: skip
+            return p.returncode == 0
+
+        wait_until(answers, 60, "slurmdbd to answer again")
+
+
+def test_accounting_down_describe_and_waits_answer_from_the_controller(
+    accounting_down: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmdbd down (maintenance) while jobs run and end: describe answers from the
+    controller, and waits get each job's real end and exit codes."""
+    monkeypatch.chdir(tmp_path)
+    go = tmp_path / "go"
+    script = f"while [ ! -e {go} ]; do sleep 0.1; done; exit $SHIPYARD_REPLICA_ID"
+    app = AppDef("dbd", [Role("w", entrypoint="/bin/sh", args=["-c", script], num_replicas=2)])
+    with get_runner("sfault-dbd") as runner:
+        handle = runner.run(app, "slurm")
+        try:
+            wait_until(lambda: (s := runner.status(handle)) is not None
+                       and s.state == AppState.RUNNING, what="the job to run")  # fmt: skip
+            go.touch()
+            final = runner.wait(handle, wait_interval=0.2, timeout=120)
+            assert final is not None and final.state == AppState.FAILED, final
+            assert final.exit_codes() == {"w": [0, 1]}
+        finally:
+            runner.cancel(handle)
