@@ -106,11 +106,11 @@ def test_an_apps_own_max_silence_applies_to_run_job(name: str) -> None:
     assert info.value.silent == ["w/0"]
     assert "no log line for 2s from w/0 (max_silence)" in str(info.value)
     app.metadata["max_silence"] = "soon"
-    with pytest.raises(ValueError, match="metadata.max_silence: expected a positive number"):
+    with pytest.raises(ValueError, match="metadata.max_silence: expected a positive duration"):
         run_job(app)
     assert len(apps_named(name)) == 1  # (the bad one started nothing)
 
 
-def test_max_silence_must_be_a_positive_number() -> None:
-    with pytest.raises(ValueError, match="max_silence: expected a positive number"):
+def test_max_silence_must_be_a_positive_duration() -> None:
+    with pytest.raises(ValueError, match="max_silence: expected a positive duration"):
         wait_for_job.fn("local_cwd://s/x", max_silence=0)
