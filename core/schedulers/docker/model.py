@@ -6,9 +6,11 @@ names; none invents its own.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -42,6 +44,8 @@ LABEL_NUM_RESTARTS = "shipyard.num_restarts"
 LABEL_ATTEMPTS = "shipyard.attempts"
 LABEL_MSG = "shipyard.msg"
 LABEL_ENDED = "shipyard.ended"
+#: a keyed submission's request (:meth:`DockerJob.encode`), kept until its containers start
+LABEL_REQUEST = "shipyard.request"
 #: where a container's result file is (``$SHIPYARD_RESULT_FILE``), and whose are collected
 LABEL_RESULT_FILE = "shipyard.result_file"
 LABEL_RESULT_REPLICAS = "shipyard.result_replicas"
@@ -66,6 +70,8 @@ APP_LABELS = (
 
 TOMBSTONE_PREFIX = "shipyard-tombstone-"
 CLAIM_PREFIX = "shipyard-key-"
+#: the volume holding a keyed submission's request while it is under way (see ``submit``)
+REQUEST_PREFIX = "shipyard-submit-"
 #: cancel renames each container ``{name}{CANCELLED_SUFFIX}`` before stopping it, so that a
 #: concurrent describe knows the replica's exit is a cancellation (not a failure or success)
 CANCELLED_SUFFIX = "--cancelled"
@@ -119,6 +125,24 @@ class DockerJob:
             default=str,
         )
 
+    def encode(self) -> str:
+        """The job as a compact label value (compressed JSON): see :meth:`decode`."""
+        data = {
+            "app_id": self.app_id,
+            "pull": self.pull,
+            "checkpoint_volume": self.checkpoint_volume,
+            "containers": [[c.image, c.command, c.kwargs] for c in self.containers],
+        }
+        raw = json.dumps(data, separators=(",", ":")).encode("utf-8")
+        return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+    @classmethod
+    def decode(cls, text: str) -> DockerJob:
+        """The job :meth:`encode` gave ``text`` for (its kwargs are plain JSON values)."""
+        data = json.loads(zlib.decompress(base64.b64decode(text)))
+        containers = [DockerContainer(i, list(c), dict(kw)) for i, c, kw in data["containers"]]
+        return cls(data["app_id"], containers, data["pull"], data.get("checkpoint_volume"))
+
     @property
     def network(self) -> str | None:
         """The app's own network (apps of more than one container), else None."""
@@ -145,6 +169,11 @@ def hash_key(key: str) -> str:
 def claim_name(key: str) -> str:
     """The name of the volume that claims an idempotency key: the engine keeps one per name."""
     return CLAIM_PREFIX + hash_key(key)
+
+
+def request_name(app_id: str) -> str:
+    """The name of the volume holding the request of an app's keyed submission."""
+    return REQUEST_PREFIX + app_id
 
 
 def is_cancelling(container: dict[str, object]) -> bool:

@@ -55,7 +55,12 @@ from core.schedulers.docker.model import (
     parse_docker_time,
     replica_state,
 )
-from core.schedulers.docker.submit import remove_network, remove_records, stop_and_remove
+from core.schedulers.docker.submit import (
+    remove_expired_requests,
+    remove_network,
+    remove_records,
+    stop_and_remove,
+)
 from core.schedulers.docker.usage import UsageBook
 from core.specs import AppState, Attempt, is_terminal
 
@@ -290,6 +295,7 @@ class Janitor:
             for app_id, labels in tombstones.items():
                 if app_id not in apps:
                     _expire(api, app_id, labels, now)
+            remove_expired_requests(api, now)
 
     def _retire(
         self, api: Any, app_id: str, containers: state.Containers, has_net: bool, now: float

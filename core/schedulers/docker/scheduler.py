@@ -134,43 +134,37 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
 
         Workspace images are pushed to ``image_repo`` and the roles' images pulled as the
         job's ``pull`` policy says, before anything is created: a failed pull is a ValueError
-        naming the role, the image and the registry's answer. With an idempotency key the key
-        is then claimed (see :func:`submit.claim`); if another submission holds it, nothing is
-        created and that submission's app id is returned. If anything fails, every container
-        and the network created so far are removed before the error is raised.
+        naming the role, the image and the registry's answer. With an idempotency key the
+        request is saved and the key claimed (see :mod:`.submit`); if another submission holds
+        it, nothing is created and that submission's app id is returned (once its containers
+        are all created and started, if its submitter stopped halfway). If anything fails,
+        every container and the network created so far are removed before the error is raised.
         """
         job, app = dryrun_info.request, dryrun_info.app
-        api, pool = self._api, self._executor()
+        api = self._api
         self.push_images(dryrun_info._images_to_push)
-        images.ensure(api, pool, job, app)
+        images.ensure(api, self._executor(), job, app)
         deadline = submit.submit_deadline(job)
         for c in job.containers:
             c.kwargs["labels"][LABEL_DEADLINE] = repr(deadline)  # type: ignore[index]
-        key = dryrun_info.idempotency_key
-        if key:
-            winner = submit.claim(api, str(key), job, self.session_name, deadline)
-            if winner is not None:
-                log.info("idempotency key %s is held by %s: not submitting again", key, winner)
-                return winner
+        key = str(dryrun_info.idempotency_key or "")
         try:
-            self._start(job, deadline)
-        except BaseException:
-            if key:
-                submit.release(api, str(key))
-            raise
-        log.info("submitted %s: %d container(s)", job.app_id, len(job.containers))
-        self._janitor.poke()
-        return job.app_id
-
-    def _start(self, job: DockerJob, deadline: float) -> None:
-        try:
-            submit.start_job(self._api, self._executor(), job, self.session_name, deadline)
+            winner = self._submit(job, deadline, key)
         except submit.SubmitError as e:
             if not submit.is_pool_exhausted(e):
                 raise
             log.info("the engine is out of address pools: retiring ended apps, then retrying")
             self._janitor.sweep()
-            submit.start_job(self._api, self._executor(), job, self.session_name, deadline)
+            winner = self._submit(job, deadline, key)
+        if winner is not None:
+            log.info("idempotency key %s is held by %s: not submitting again", key, winner)
+            return winner
+        log.info("submitted %s: %d container(s)", job.app_id, len(job.containers))
+        self._janitor.poke()
+        return job.app_id
+
+    def _submit(self, job: DockerJob, deadline: float, key: str) -> str | None:
+        return submit.submit_job(self._api, self._executor(), job, self.session_name, deadline, key)
 
     # -- describing --------------------------------------------------------------------------
 
@@ -293,14 +287,24 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
     def find_by_idempotency_key(
         self, key: str, cfg: Mapping[str, CfgVal] | None = None
     ) -> str | None:
-        """The app (of any session) submitted with ``key``: the holder of the key's claim."""
+        """The app (of any session) submitted with ``key``: the holder of the key's claim. If
+        its submitter stopped halfway (before its deadline), the submission is completed first:
+        the retry creates the containers it had not and starts them all, once (see
+        :func:`submit.resume`)."""
         from docker.errors import NotFound
 
+        api = self._api
         try:
-            labels = self._api.inspect_volume(claim_name(key)).get("Labels") or {}
+            labels = api.inspect_volume(claim_name(key)).get("Labels") or {}
         except NotFound:
             return None
-        return labels.get(LABEL_APP_ID)
+        app_id = labels.get(LABEL_APP_ID)
+        try:
+            if app_id and time.time() <= float(labels.get(LABEL_DEADLINE) or 0):
+                submit.resume(api, self._executor(), app_id)
+        except Exception:  # (it is then left to read FAILED after its deadline)
+            log.warning("could not complete the submission of %s", app_id, exc_info=True)
+        return app_id
 
     # -- cancelling --------------------------------------------------------------------------
 
@@ -310,6 +314,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         An app that has already ended keeps its containers, logs and final state (only its
         network goes). Idempotent; unknown apps are ignored."""
         api = self._api
+        submit.take_request(api, app_id)  # (no retry with its key may start it now)
         containers = state.list_containers(api, f"{LABEL_APP_ID}={app_id}")
         if containers:
             resp, _ = state.summarize(app_id, containers, self._restarts(containers), time.time())

@@ -3,8 +3,8 @@ volumes (a key's claim, an app's tombstone), as ``DescribeAppResponse`` and ``Li
 Nothing here changes the engine.
 
 An app whose containers have not all started by its submission's deadline was interrupted
-mid-submit (its submitter died): it is reported FAILED with a message saying so, never left
-PENDING for ever.
+mid-submit (its submitter died, and no retry with its key completed the submission before):
+it is reported FAILED with a message saying so, never left PENDING for ever.
 """
 
 from __future__ import annotations

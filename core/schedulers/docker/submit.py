@@ -1,5 +1,6 @@
 """Putting an app on the engine and taking it off: the idempotency-key claim, creating and
-starting the containers (all or nothing), cancelling, and purging every trace of an app.
+starting the containers (all or nothing; a keyed submission interrupted halfway is completed by
+a retry with its key), cancelling, and purging every trace of an app.
 
 Everything goes through the public low-level client (``docker.APIClient``): containers are
 created with ``create_container`` and a ``create_host_config``, which is one engine call per
@@ -22,6 +23,7 @@ from core.schedulers.docker.model import (
     LABEL_APP_ID,
     LABEL_CLAIM,
     LABEL_DEADLINE,
+    LABEL_REQUEST,
     LABEL_SESSION,
     LABEL_STOP_TIMEOUT,
     LABEL_SUBMITTED,
@@ -31,6 +33,7 @@ from core.schedulers.docker.model import (
     DockerJob,
     claim_name,
     is_cancelling,
+    request_name,
 )
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ _HOST_CONFIG_KEYS = (
 _CREATE_KEYS = ("name", "hostname", "environment", "labels", "stop_timeout", "entrypoint")
 #: an extra second of grace per container of a submission, on top of SUBMIT_GRACE
 _GRACE_PER_CONTAINER = 1.0
+#: pauses while a container another submitter of the key is creating appears (about 10 s)
+_CREATE_WAITS = (0.01, 0.02, 0.05, 0.1, 0.2, *([0.5] * 19))
 
 
 class SubmitError(ShipyardError, RuntimeError):
@@ -119,39 +124,201 @@ def release(api: Any, key: str) -> None:
         pass
 
 
+# -- a keyed submission's saved request ---------------------------------------------------------
+#
+# A keyed submission saves its request (every container's settings) in a volume before it claims
+# the key; whoever removes that volume starts the containers, once every one exists. The submitter
+# does it when it has created them all; if it died before, a retry with the key (see ``resume``)
+# creates the missing ones and removes it instead. Removing a volume succeeds once, so the
+# containers are started by one of them only.
+
+
+def save_request(api: Any, job: DockerJob, session: str, deadline: float) -> None:
+    """Keeps ``job`` where a retry with its key finds it, until its containers are started."""
+    labels = {
+        LABEL_VERSION: "1",
+        LABEL_SESSION: session,
+        LABEL_APP_ID: job.app_id,
+        LABEL_DEADLINE: repr(deadline),
+        LABEL_REQUEST: job.encode(),
+    }
+    api.create_volume(name=request_name(job.app_id), driver="local", labels=labels)
+
+
+def take_request(api: Any, app_id: str) -> bool:
+    """Removes the saved request of ``app_id``: True if this call removed it (its caller alone
+    may start the app's containers, or remove them), False if it was gone."""
+    from docker.errors import NotFound
+
+    try:
+        api.remove_volume(request_name(app_id))  # (never force: it removes what is not there)
+    except NotFound:
+        return False
+    return True
+
+
+def load_request(api: Any, app_id: str) -> tuple[DockerJob, str, float] | None:
+    """The saved request of ``app_id``, its session and its deadline; None if it has none."""
+    from docker.errors import NotFound
+
+    try:
+        labels = api.inspect_volume(request_name(app_id)).get("Labels") or {}
+        job = DockerJob.decode(labels[LABEL_REQUEST])
+        return job, labels.get(LABEL_SESSION, ""), float(labels[LABEL_DEADLINE])
+    except NotFound:
+        return None
+    except (KeyError, ValueError):
+        log.warning("the saved request of %s is unreadable", app_id, exc_info=True)
+        return None
+
+
+def resume(api: Any, pool: ThreadPoolExecutor, app_id: str) -> bool:
+    """Completes the keyed submission of ``app_id`` when its submitter stopped halfway (killed
+    after creating some containers, before starting them): creates what it had not, then, if
+    no one else took the request first, starts every container. True if this call started
+    them. A submission past its deadline is left as it is: it reads FAILED already."""
+    saved = load_request(api, app_id)
+    if saved is None:
+        return False
+    job, session, deadline = saved
+    if time.time() > deadline:
+        return False
+    create_all(api, pool, job, session, keyed=True)
+    if not take_request(api, app_id):
+        return False
+    start_all(api, pool, job, deadline)
+    log.info("completed the interrupted submission of %s", app_id)
+    return True
+
+
+def remove_expired_requests(api: Any, now: float) -> None:
+    """Removes the saved requests of keyed submissions past their deadline (no one may start
+    them any more: their submitter died before claiming the key, or before creating anything)."""
+    for vol in api.volumes(filters={"label": LABEL_REQUEST}).get("Volumes") or []:
+        labels = vol.get("Labels") or {}
+        try:
+            expired = now > float(labels.get(LABEL_DEADLINE) or "inf")
+        except ValueError:
+            expired = True
+        if expired and labels.get(LABEL_APP_ID):
+            take_request(api, labels[LABEL_APP_ID])
+
+
 # -- creating and starting ----------------------------------------------------------------------
 
 
+def submit_job(
+    api: Any, pool: ThreadPoolExecutor, job: DockerJob, session: str, deadline: float, key: str
+) -> str | None:
+    """Submits ``job``: with ``key``, saves its request and claims the key first. Returns None
+    if this call submitted it, else the id of the app that holds the key (a submission of it
+    that stopped halfway is completed: see :func:`resume`)."""
+    if key:
+        save_request(api, job, session, deadline)
+        winner = claim(api, key, job, session, deadline)
+        if winner is not None:
+            take_request(api, job.app_id)
+            try:
+                resume(api, pool, winner)
+            except Exception:
+                log.warning("could not complete the submission of %s", winner, exc_info=True)
+            return winner
+    start_job(api, pool, job, session, deadline, key)
+    return None
+
+
 def start_job(
-    api: Any, pool: ThreadPoolExecutor, job: DockerJob, session: str, deadline: float
+    api: Any,
+    pool: ThreadPoolExecutor,
+    job: DockerJob,
+    session: str,
+    deadline: float,
+    key: str = "",
 ) -> None:
     """Creates the app's network and every container, then starts them: all or nothing.
 
     A container is started only once every container of the app exists, so a submitter that
     dies halfway leaves containers that never ran (see ``state``: such an app is reported
-    FAILED after its deadline). On an error everything created so far is removed.
+    FAILED after its deadline, unless a retry with its key completes it first). On an error
+    everything created so far is removed and ``key`` released, unless a retry with the key
+    took the submission over (then the retry starts it).
     """
-    created: list[str] = []
+    mine = not key  # (whether this call may start the containers, or remove them)
     try:
-        if job.network:
-            api.create_network(
-                job.network,
-                driver="bridge",
-                labels={LABEL_VERSION: "1", LABEL_SESSION: session, LABEL_APP_ID: job.app_id},
-            )
-        if job.checkpoint_volume:
-            labels = {LABEL_VERSION: "1", LABEL_SESSION: session, LABEL_APP_ID: job.app_id}
-            api.create_volume(name=job.checkpoint_volume, driver="local", labels=labels)
-        for cid in parallel(
-            pool, lambda c: api.create_container(**create_args(api, c))["Id"], job.containers
-        ):
-            created.append(cid)
-        if time.time() > deadline:
-            raise SubmitError(f"creating {len(created)} containers took past the submit deadline")
-        parallel(pool, api.start, created)
+        create_all(api, pool, job, session, keyed=bool(key))
+        mine = mine or take_request(api, job.app_id)
+        if not mine:
+            log.info("a retry with the key of %s started it", job.app_id)
+            return
+        start_all(api, pool, job, deadline)
     except BaseException as e:
+        if not mine and not _abandon(api, job.app_id):
+            raise  # (a retry with the key took the submission over: the rest is its)
         _remove_partial(api, job)
+        if key:
+            release(api, key)
         raise _submit_error(job, e) from e
+
+
+def _abandon(api: Any, app_id: str) -> bool:
+    """Takes the request of a failed keyed submission, so that no retry starts it."""
+    try:
+        return take_request(api, app_id)
+    except Exception:
+        log.warning("could not withdraw the request of %s", app_id, exc_info=True)
+        return False
+
+
+def create_all(
+    api: Any, pool: ThreadPoolExecutor, job: DockerJob, session: str, keyed: bool
+) -> None:
+    """Creates the app's network, checkpoint volume and containers; with ``keyed``, those that
+    exist already (made by another submitter of the key) are kept."""
+    from docker.errors import APIError
+
+    labels = {LABEL_VERSION: "1", LABEL_SESSION: session, LABEL_APP_ID: job.app_id}
+    if job.network:
+        try:
+            api.create_network(job.network, driver="bridge", labels=labels, check_duplicate=True)
+        except APIError as e:
+            if not (keyed and e.status_code == 409):
+                raise
+    if job.checkpoint_volume:
+        api.create_volume(name=job.checkpoint_volume, driver="local", labels=labels)
+
+    def create(c: DockerContainer) -> None:
+        for delay in _CREATE_WAITS:
+            try:
+                api.create_container(**create_args(api, c))
+                return
+            except APIError as e:
+                if not (keyed and e.status_code == 409):
+                    raise
+            if _exists(api, str(c.kwargs["name"])):
+                return
+            time.sleep(delay)  # (409 while another submitter's create of it is under way)
+        raise SubmitError(f"container {c.kwargs['name']}: its name is taken but it never appeared")
+
+    parallel(pool, create, job.containers)
+
+
+def _exists(api: Any, name: str) -> bool:
+    from docker.errors import NotFound
+
+    try:
+        api.inspect_container(name)
+    except NotFound:
+        return False
+    return True
+
+
+def start_all(api: Any, pool: ThreadPoolExecutor, job: DockerJob, deadline: float) -> None:
+    """Starts every container of ``job`` (all created, none started), unless it is too late."""
+    if time.time() > deadline:
+        raise SubmitError(
+            f"creating {len(job.containers)} containers took past the submit deadline"
+        )
+    parallel(pool, api.start, [str(c.kwargs["name"]) for c in job.containers])
 
 
 def parallel(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:

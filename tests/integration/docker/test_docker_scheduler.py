@@ -696,6 +696,11 @@ def test_failed_submit_leaves_no_container_or_network(
     )
     with pytest.raises(RuntimeError, match="nothing left behind"):
         sched.submit(app, {})
+    # keyed: nor its saved request or the key's claim (a retry submits anew)
+    key = f"halfway-{uuid.uuid4().hex}"
+    with pytest.raises(RuntimeError, match="nothing left behind"):
+        sched.submit(app, {}, idempotency_key=key)
+    assert sched.find_by_idempotency_key(key) is None
     assert (
         docker_client.api.containers(
             all=True, filters={"label": f"{LABEL_SESSION}={sched.session_name}"}
@@ -703,6 +708,8 @@ def test_failed_submit_leaves_no_container_or_network(
         == []
     )
     assert session_networks(docker_client, sched) == []
+    volumes = docker_client.api.volumes(filters={"label": f"{LABEL_SESSION}={sched.session_name}"})
+    assert not volumes.get("Volumes"), volumes
 
 
 def test_describe_many_list_and_idempotency_key(sched: DockerScheduler) -> None:
