@@ -3,13 +3,16 @@ a *tombstone* (an empty, labelled volume ``shipyard-tombstone-{app_id}``), their
 volume's files, and then their containers and network are removed.
 
 - **Cancel** writes the tombstone (CANCELLED) before it stops and removes the containers.
-- **The sweep** (:class:`Janitor`) retires ended apps of every session: an ended app's network
-  is removed at once (the engine has few address pools); once the app has been over for its
-  ``retention``, its final state goes into its tombstone, its logs into the tombstone's files,
-  and its containers are removed; an app whose submission was interrupted (its submitter died
-  before starting every container) is removed with a FAILED tombstone. Submits run it in the
-  background (at most every few seconds per process) and at once when the engine is out of
-  address pools; ``describe`` asks for it when it sees an ended app that still has a network.
+- **Networks** (the engine has few address pools): the ``describe`` that first sees an app
+  ended for good (no container running or to be restarted) removes its network itself, and the
+  sweep removes those of the ended apps nobody described.
+- **The sweep** (:class:`Janitor`) retires ended apps of every session: once an app has been
+  over for its ``retention``, its final state goes into its tombstone, its logs into the
+  tombstone's files, and its containers are removed; an app whose submission was interrupted
+  (its submitter died before starting every container, and no retry with its key completed it
+  before its deadline) is removed with a FAILED tombstone. Submits run it in the background (at
+  most every few seconds per process) and at once when the engine is out of address pools;
+  ``describe`` asks for it when it sees an app end.
 - **Records expire:** the sweep removes the tombstone and key claim of an app retired longer
   than its ``record_retention`` ago (7 days by default); the app is unknown from then on.
 """
@@ -38,6 +41,7 @@ from core.schedulers.docker.model import (
     LABEL_ENDED,
     LABEL_MAX_RETRIES,
     LABEL_MSG,
+    LABEL_NETWORK,
     LABEL_NUM_RESTARTS,
     LABEL_RECORD_RETENTION,
     LABEL_REPLICA_ID,
@@ -90,6 +94,15 @@ def write_tombstone(
         }
     )
     api.create_volume(name=TOMBSTONE_PREFIX + app_id, driver="local", labels=labels)
+
+
+def ended_network(containers: state.Containers, restarts: dict[str, list[Attempt]]) -> str | None:
+    """The network of an app that ended for good: none of its containers runs or will start
+    again (its engine's restart policy has no tries left). None if it has none, or not yet."""
+    network = (containers[0].get("Labels") or {}).get(LABEL_NETWORK)
+    if not network or any(c.get("State") not in ("exited", "dead") for c in containers):
+        return None
+    return None if _may_restart(containers, restarts) else str(network)
 
 
 def remove_app_networks(api: Any, app_id: str) -> None:

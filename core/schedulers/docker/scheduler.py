@@ -6,7 +6,7 @@ import builtins
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -27,7 +27,6 @@ from core.schedulers.docker.model import (
     LABEL_APP_ID,
     LABEL_DEADLINE,
     LABEL_IDEMPOTENCY_KEY,
-    LABEL_NETWORK,
     LABEL_SESSION,
     TOMBSTONE_PREFIX,
     DockerJob,
@@ -43,6 +42,8 @@ from core.workspace import DockerWorkspaceMixin
 log = logging.getLogger(__name__)
 
 _MAX_WORKERS = 16
+#: networks freed that one scheduler remembers
+_MAX_FREED = 10_000
 
 
 class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
@@ -75,6 +76,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         self._pool: ThreadPoolExecutor | None = None
         self._usage = UsageBook(self._executor)
         self._janitor = retire.Janitor(lambda: self._api, self._executor, self._usage)
+        self._freed: set[str] = set()
 
     # -- resources ---------------------------------------------------------------------------
 
@@ -175,11 +177,26 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         api = self._api
         flt = f"{LABEL_APP_ID}={app_id}"
         containers = state.list_containers(api, flt)
-        resp = state.resolve(
-            app_id, containers, lambda: state.list_records(api, flt), self._restarts, time.time()
-        )
-        self._sweep_if_ended(resp, containers)
+        resp = self._resolve(app_id, containers, lambda: state.list_records(api, flt), time.time())
         self._apply_usage([(resp, containers)])
+        return resp
+
+    def _resolve(
+        self,
+        app_id: str,
+        containers: state.Containers,
+        records: Callable[[], state.Records],
+        now: float,
+    ) -> DescribeAppResponse | None:
+        """``state.resolve``, then what an ended app no longer needs is freed."""
+        seen: dict[str, list[Attempt]] = {}
+
+        def restarts(cs: state.Containers) -> dict[str, list[Attempt]]:
+            seen.update(self._restarts(cs))
+            return seen
+
+        resp = state.resolve(app_id, containers, records, restarts, now)
+        self._free_if_ended(resp, containers, seen)
         return resp
 
     def _apply_usage(
@@ -252,24 +269,38 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         out = {}
         for app_id in app_ids:
             containers = grouped.get(app_id, [])
-            out[app_id] = state.resolve(app_id, containers, all_records, self._restarts, now)
-            self._sweep_if_ended(out[app_id], containers)
+            out[app_id] = self._resolve(app_id, containers, all_records, now)
         self._apply_usage(((out[a], grouped.get(a, [])) for a in app_ids), POLL_SAMPLES)
         return out
 
     def _restarts(self, containers: state.Containers) -> dict[str, list[Attempt]]:
         return state.restart_counts(self._api, self._executor(), containers)
 
-    def _sweep_if_ended(
-        self, resp: DescribeAppResponse | None, containers: state.Containers
+    def _free_if_ended(
+        self,
+        resp: DescribeAppResponse | None,
+        containers: state.Containers,
+        restarts: dict[str, list[Attempt]],
     ) -> None:
-        """Asks for a sweep when an ended app still holds a network (or was half-submitted)."""
+        """Frees the network of an app that ended for good (one engine call, once per app:
+        the next submit may need its address pool); asks for a sweep of a half-submitted one."""
         if resp is None or not containers or not is_terminal(resp.state):
             return
-        if (containers[0].get("Labels") or {}).get(LABEL_NETWORK) or resp.msg.startswith(
-            "submit interrupted"
-        ):
+        if resp.msg.startswith("submit interrupted"):
             self._janitor.poke()
+            return
+        network = retire.ended_network(containers, restarts)
+        if not network or network in self._freed:
+            return
+        if len(self._freed) >= _MAX_FREED:  # (forgetting costs one call that finds it gone)
+            self._freed.clear()
+        self._freed.add(network)
+        try:
+            submit.remove_network(self._api, network)
+            log.info("freed the network of %s (it ended)", resp.app_id)
+        except Exception:
+            log.debug("could not free network %s: the sweep will", network, exc_info=True)
+        self._janitor.poke()  # (it retires the ended apps past their retention)
 
     def list(self) -> list[ListAppResponse]:
         """The apps of this session (running, ended, or cancelled) with their states."""
