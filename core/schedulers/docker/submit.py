@@ -248,12 +248,12 @@ def start_job(
         create_all(api, pool, job, session, keyed=bool(key))
         mine = mine or take_request(api, job.app_id)
         if not mine:
-            log.info("a retry with the key of %s started it", job.app_id)
+            log.info("%s was taken over (by a retry with its key, or a cancel)", job.app_id)
             return
         start_all(api, pool, job, deadline)
     except BaseException as e:
         if not mine and not _abandon(api, job.app_id):
-            raise  # (a retry with the key took the submission over: the rest is its)
+            raise  # (a retry with the key, or a cancel, took the submission over: the rest is its)
         _remove_partial(api, job)
         if key:
             release(api, key)
