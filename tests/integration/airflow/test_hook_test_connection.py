@@ -60,7 +60,6 @@ def _cluster_conn(transport: str, **extra: Any) -> dict[str, Any]:
 def test_a_cluster_answers_with_its_release(
     transport: str, answer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import re
 
     use_remote_clusters(monkeypatch, tmp_path)
     conn = _cluster_conn(transport)
