@@ -80,6 +80,9 @@ __all__ = [
 
 #: the XCom holding the job's app handle (also the key of the task state store that keeps it)
 HANDLE_XCOM_KEY = "shipyard_app_handle"
+#: states of a task instance whose next try is coming or running (``None``: reset, not yet
+#: scheduled again)
+_NEXT_TRY_STATES = frozenset({None, "scheduled", "queued", "running", "deferred"})
 
 
 class ShipyardJobFailedError(ShipyardError, AirflowException):
@@ -184,7 +187,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
     element. With ``do_xcom_push=False`` none of these XComs is pushed (only the extra link's
     URL, which is how Airflow stores a link). The task fails with the job's state, exit codes
     and last log lines when the job does not succeed. Killing the task (marked failed,
-    ``execution_timeout``, ...) cancels the job.
+    ``execution_timeout``, ...) cancels the job, unless Airflow killed the try because a new try
+    replaces it (a restarted scheduler reset the task): that try re-attaches to the job.
     """
 
     template_fields: Sequence[str] = (
@@ -274,6 +278,7 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         self._handle: AppHandle | None = None
         self._submit_key: str | None = None
         self._finished: tuple[AppHandle, Any] | None = None  # (handle, the task's return value)
+        self._this_try: Context | None = None  # (to tell in on_kill whether a new try took over)
         self._engine: DockerEngine | None = None
 
     # -- templating --------------------------------------------------------------------------
@@ -477,6 +482,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         """Waits for the app (here, streaming its logs, or deferred to the trigger)."""
         handle = str(external_id)
         self._handle = handle
+        # (the handle is in the task state store now: ResumableJobMixin stored or read it)
+        self._this_try = context if self.durable else None
         with self._runner() as runner:
             if self.deferrable:
                 status = runner.status(handle)
@@ -555,8 +562,21 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         return latest[0] if latest is not None else None
 
     def on_kill(self) -> None:
-        """Cancels the job (the task was killed, marked failed or timed out)."""
+        """Cancels the job (the task was killed, marked failed or timed out), unless Airflow
+        killed this try because a new try of the task instance replaces it."""
         handle = self._handle
+        if handle is not None and self._superseded():
+            # A scheduler that starts resets the running tasks a dead scheduler had queued and
+            # its LocalExecutor cannot adopt (a scheduler restarted under them), and the worker
+            # still running this try is told to kill it. The job is fine: the next try
+            # re-attaches to it. Cancelling it here made that try follow a job being
+            # cancelled, and fail.
+            self.log.info(
+                "leaving %s running: Airflow runs this task again in a new try (it reset the"
+                " task instance), which re-attaches to the job",
+                handle,
+            )
+            return
         # A fresh runner: on_kill runs in a signal handler, maybe while the main thread holds a
         # lock of the runner it was using.
         with self._runner() as runner:
@@ -567,6 +587,36 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                 return
             self.log.info("cancelling %s", handle)
             runner.cancel(handle)
+
+    def _superseded(self) -> bool:
+        """Whether Airflow took the task instance away from this try to run it in a new one.
+
+        Airflow gives each try of a task instance an id of its own, and this try reaches the
+        task state store through its id: once a new try replaces it, the handle kept there is
+        not found any more, and the task instance waits for, or runs, its next try. A task
+        cleared by a user also gets a new id, but stays ``restarting`` until this try ended:
+        that user asked for the job to run again, and its job is cancelled. Any doubt (no
+        store, an error) reads as not superseded: the job is cancelled, as before."""
+        context = self._this_try
+        if context is None:
+            return False
+        store, ti = context.get("task_state_store"), context["ti"]
+        try:
+            if store is None or store.get(self.external_id_key) is not None:
+                return False  # (still this try's task instance)
+            states = ti.get_task_states(
+                dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
+            )
+        except Exception as e:
+            self.log.warning("cannot tell whether a new try replaces this one: %s", e)
+            return False
+        key = (
+            ti.task_id
+            if ti.map_index is None or ti.map_index < 0
+            else f"{ti.task_id}_{ti.map_index}"
+        )
+        run_states = states.get(ti.run_id) or {}
+        return key in run_states and run_states[key] in _NEXT_TRY_STATES
 
     # -- helpers -----------------------------------------------------------------------------
 

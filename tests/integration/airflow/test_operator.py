@@ -175,6 +175,69 @@ def test_on_kill_cancels_the_job(runner: Any) -> None:
     assert "CANCELLED" in str(errors[0])
 
 
+class _ResetStore(StateStoreStub):
+    """``task_state_store`` as this try reaches it, through its task-instance id: once Airflow
+    replaced the try (a new id), nothing is found there."""
+
+    replaced = False
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return default if self.replaced else super().get(key, default)
+
+
+class _StatedTaskInstance(TaskInstanceStub):
+    """A task instance whose current state Airflow gives as ``state``."""
+
+    state: str | None = "running"
+
+    def get_task_states(self, dag_id: str, **kwargs: Any) -> dict[str, Any]:
+        assert kwargs["task_ids"] == [self.task_id] and kwargs["run_ids"] == [self.run_id]
+        return {self.run_id: {self.task_id: self.state}}
+
+
+@pytest.mark.parametrize(
+    ("replaced", "state", "cancels"),
+    [
+        (True, None, False),  # reset by a new scheduler (LocalExecutor's orphaned task)
+        (True, "running", False),  # ... and its next try runs already
+        (True, "restarting", True),  # cleared by a user: the job runs again
+        (False, "running", True),  # this try is still the task's (a timeout, a SIGTERM)
+    ],
+)
+def test_on_kill_leaves_the_job_to_the_try_that_replaces_this_one(
+    runner: Any, tmp_path: Path, replaced: bool, state: str | None, cancels: bool
+) -> None:
+    gate = tmp_path / "gate"
+    ti, store = _StatedTaskInstance(), _ResetStore()
+    script = f"echo up; while [ ! -e {gate} ]; do sleep 0.05; done"
+    op = ShipyardOperator(task_id="job", app=sh("superseded", script), poll_interval=0.2)
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(op.execute(context(ti, store)))
+        except BaseException as e:  # noqa: BLE001 - looked at below
+            outcome.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    handle = wait_until(lambda: op._handle, what="submission")
+    try:
+        wait_until(lambda: runner.status(handle).state == AppState.RUNNING, what="RUNNING")
+        store.replaced, ti.state = replaced, state
+        op.on_kill()
+        if cancels:
+            assert runner.status(handle).state == AppState.CANCELLED
+        else:  # the job goes on, for the next try to re-attach to
+            assert runner.status(handle).state == AppState.RUNNING
+            gate.touch()
+        t.join(60)
+        assert not t.is_alive()
+        assert (outcome[0] == handle) is not cancels, outcome
+    finally:
+        runner.cancel(handle)
+
+
 def test_deferrable_frees_the_worker_and_completes_in_the_trigger(runner: Any) -> None:
     ti = TaskInstanceStub()
     op = ShipyardOperator(
