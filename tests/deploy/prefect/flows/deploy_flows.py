@@ -89,3 +89,18 @@ def array_sweep(n: int = 4) -> list[int]:
     squares = [r["sq"][0] if r else -1 for r in result.results]
     get_run_logger().info("squares %s", squares)
     return squares
+
+
+@flow
+def logged_lines(tag: str, gate: str, every: float = 0.25, limit: int = 1000) -> int:
+    """Logs ``TAG line 0``, ``TAG line 1``, ... with the run's logger (so to the flow run's logs
+    through the API), one every ``every`` seconds, until the file ``gate`` exists (or ``limit``
+    lines), then ``TAG end N``."""
+    logger = get_run_logger()
+    n = 0
+    while n < limit and not Path(gate).exists():
+        logger.info("%s line %d", tag, n)
+        n += 1
+        time.sleep(every)
+    logger.info("%s end %d", tag, n)
+    return n
