@@ -81,7 +81,10 @@ if ! pid_alive "$REST_PID" slurmrestd; then
 fi
 wait_for 30 "slurmrestd" rest_ok || die "slurmrestd does not answer (see /var/log/slurm/slurmrestd.log)"
 
-cat >"$DIR/clusters.yaml" <<EOF
+# (kept as it is when it already starts with this: start_slurm26.sh appends the 26.05
+# cluster's entries, which a re-run of this script must not drop)
+new=$(mktemp)
+cat >"$new" <<EOF
 # Written by scripts/start_slurm_remote.sh: the local cluster through its two front doors.
 ssh-login:
   transport: ssh
@@ -103,5 +106,12 @@ rest-api:
   known_hosts: $DIR/known_hosts
   remote_dir: $home/shipyard
 EOF
+if [ -f "$DIR/clusters.yaml" ] &&
+    [ "$(head -c "$(wc -c <"$new")" "$DIR/clusters.yaml")" = "$(cat "$new")" ]; then
+    rm -f "$new"
+else
+    cat "$new" >"$DIR/clusters.yaml"
+    rm -f "$new"
+fi
 chmod 600 "$DIR/clusters.yaml"
 log "front doors up; clusters file: $DIR/clusters.yaml"
