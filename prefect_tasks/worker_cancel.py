@@ -3,18 +3,18 @@
 ``grace_seconds`` for the job to end, then a forced end.
 
 What core's cancel offers (:meth:`core.runner.Runner.cancel`, ``Scheduler.cancel``) is one
-call: each backend stops the replicas politely (SIGTERM) and forces them after a grace of its
-own. Only the local schedulers take that grace from their caller (their factory's ``grace``);
+call: each backend stops the replicas politely (SIGTERM) and forces them after a grace. The
+local and Docker schedulers take that grace from their caller (their factory's ``grace``);
 so here:
 
-* **local processes** (``local_cwd``, ``local_dir``): the cancel runs with ``grace_seconds``
-  as the scheduler's grace: SIGTERM to every replica, SIGKILL to those still running after
-  ``grace_seconds``. A replica that ends sooner is not waited for.
-* **Docker and Slurm**: the cancel is the backend's (``docker stop`` with the app's
-  ``stop_timeout``, ``scancel`` then SIGKILL after the cluster's ``KillWait``); the worker waits
-  up to ``grace_seconds`` for the job to end and then asks once more. Core offers no per-call
-  grace for them, so a job whose backend grace is longer than ``grace_seconds`` ends when that
-  grace ends (the run's log says so).
+* **local processes and Docker** (``local_cwd``, ``local_dir``, ``local_docker``): the cancel
+  runs with ``grace_seconds`` as the scheduler's grace: SIGTERM to every replica, SIGKILL to
+  those still running after ``grace_seconds`` (Docker: ``docker stop -t``, whole seconds,
+  instead of the app's ``stop_timeout``). A replica that ends sooner is not waited for.
+* **Slurm**: the cancel is ``scancel``, then SIGKILL after the cluster's ``KillWait`` (the
+  administrator's setting, as for any ``scancel``); the worker waits up to ``grace_seconds``
+  for the job to end and then asks once more, so a job whose ``KillWait`` is longer ends when
+  that grace ends (the run's log says so).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from core.watch import JobWatch
 __all__ = ["GRACED_SCHEDULERS", "cancel_within", "graced_factories"]
 
 #: the schedulers whose cancel takes its grace from the caller (their factory's ``grace``)
-GRACED_SCHEDULERS = ("local_cwd", "local_dir")
+GRACED_SCHEDULERS = ("local_cwd", "local_dir", "local_docker")
 #: seconds between two looks at a job being cancelled
 _POLL = 0.5
 

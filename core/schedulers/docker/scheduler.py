@@ -68,8 +68,11 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         session_name: str,
         docker_client: Any | None = None,
         docker_engine: DockerEngine | None = None,
+        grace: float | None = None,
     ) -> None:
         super().__init__(BACKEND, session_name)
+        #: seconds from SIGTERM to SIGKILL when cancelling (None: each app's ``stop_timeout``)
+        self.grace = grace
         self.__client = docker_client
         self._engine = docker_engine
         self._lock = threading.Lock()
@@ -340,7 +343,8 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
     # -- cancelling --------------------------------------------------------------------------
 
     def cancel(self, app_id: str) -> None:
-        """Stops every replica (in parallel; SIGKILL after the app's ``stop_timeout``), removes
+        """Stops every replica (in parallel; SIGKILL after the app's ``stop_timeout``, or the
+        scheduler's ``grace`` when it has one), removes
         the containers and the app's network, and records CANCELLED in a tombstone volume.
         An app that has already ended keeps its containers, logs and final state (only its
         network goes). Idempotent; unknown apps are ignored."""
@@ -352,7 +356,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             cancelling = any(is_cancelling(c) for c in containers)
             if cancelling or not is_terminal(resp.state):
                 retire.write_tombstone(api, app_id, containers, resp, AppState.CANCELLED)
-                submit.stop_and_remove(api, containers)
+                submit.stop_and_remove(api, containers, grace=self.grace)
         retire.remove_app_networks(api, app_id)
 
     def sweep(self) -> None:
@@ -442,12 +446,14 @@ def create_scheduler(session_name: str, **kwargs: Any) -> DockerScheduler:
 
     Keyword arguments: ``docker_client`` (a ``docker.DockerClient``) or ``docker_engine`` (a
     :class:`~core.schedulers.docker.engine.DockerEngine`: the engine and registry login to
-    connect to); others are ignored.
+    connect to); ``grace`` (seconds from SIGTERM to SIGKILL when cancelling, instead of each
+    app's ``stop_timeout``); others are ignored.
     """
     return DockerScheduler(
         session_name,
         docker_client=kwargs.get("docker_client"),
         docker_engine=kwargs.get("docker_engine"),
+        grace=kwargs.get("grace"),
     )
 
 

@@ -10,6 +10,7 @@ container (``containers.create`` of the high-level client adds an inspect to eac
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -390,20 +391,25 @@ def remove_network(api: Any, name_or_id: str) -> None:
 # -- taking apps off the engine -----------------------------------------------------------------
 
 
-def stop_and_remove(api: Any, containers: list[dict[str, Any]], cancel: bool = True) -> None:
-    """Stops each container (SIGTERM, SIGKILL after its ``stop_timeout``) and removes it; with
-    ``cancel`` renames it first, so that a concurrent describe reads its exit as a cancellation.
-    One thread per container: every replica gets its grace period at the same time."""
+def stop_and_remove(
+    api: Any, containers: list[dict[str, Any]], cancel: bool = True, grace: float | None = None
+) -> None:
+    """Stops each container (SIGTERM, SIGKILL after its ``stop_timeout``, or after ``grace``
+    seconds if given) and removes it; with ``cancel`` renames it first, so that a concurrent
+    describe reads its exit as a cancellation. One thread per container: every replica gets its
+    grace period at the same time."""
     if len(containers) == 1:
-        _stop_and_remove_one(api, containers[0], cancel)
+        _stop_and_remove_one(api, containers[0], cancel, grace)
         return
     with ThreadPoolExecutor(
         max_workers=min(len(containers), 64), thread_name_prefix="shipyard-docker-stop"
     ) as pool:
-        parallel(pool, lambda c: _stop_and_remove_one(api, c, cancel), containers)
+        parallel(pool, lambda c: _stop_and_remove_one(api, c, cancel, grace), containers)
 
 
-def _stop_and_remove_one(api: Any, c: Mapping[str, Any], cancel: bool) -> None:
+def _stop_and_remove_one(
+    api: Any, c: Mapping[str, Any], cancel: bool, grace: float | None = None
+) -> None:
     from docker.errors import APIError, NotFound
 
     labels = c.get("Labels") or {}
@@ -411,6 +417,8 @@ def _stop_and_remove_one(api: Any, c: Mapping[str, Any], cancel: bool) -> None:
         timeout = int(labels.get(LABEL_STOP_TIMEOUT, DEFAULT_STOP_TIMEOUT))
     except ValueError:
         timeout = DEFAULT_STOP_TIMEOUT
+    if grace is not None:
+        timeout = math.ceil(grace)  # (the engine takes whole seconds)
     try:
         if cancel and not is_cancelling(dict(c)):
             _mark_cancelled(api, c)
