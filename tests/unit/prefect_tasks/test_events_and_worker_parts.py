@@ -78,20 +78,22 @@ def test_nothing_without_an_api_or_for_unknown_states(
     )
 
 
-def test_graced_factories_give_the_local_schedulers_the_grace() -> None:
+def test_graced_factories_give_the_local_and_docker_schedulers_the_grace() -> None:
     made: list[tuple[str, dict[str, Any]]] = []
 
     def factory(kind: str) -> Any:
         return lambda session, **kw: made.append((kind, kw))
 
-    factories = {name: factory(name) for name in ("local_cwd", "local_dir", "local_docker")}
+    names = ("local_cwd", "local_dir", "local_docker", "slurm")
+    factories = {name: factory(name) for name in names}
     graced = graced_factories(factories, 7.0)
     for make in graced.values():
         make("s", other=1)
     assert made == [
         ("local_cwd", {"other": 1, "grace": 7.0}),
         ("local_dir", {"other": 1, "grace": 7.0}),
-        ("local_docker", {"other": 1}),
+        ("local_docker", {"other": 1, "grace": 7.0}),
+        ("slurm", {"other": 1}),  # (scancel's grace is the cluster's KillWait)
     ]
 
 
