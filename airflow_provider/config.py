@@ -95,18 +95,13 @@ def retry_budget() -> float:
     Raises:
         ValueError: naming the option (or the variable) when it is not a number >= 0.
     """
+    from core.transient import parse_budget
     from core.transient import retry_budget as core_budget
 
     raw = _option("retry_budget")
     if raw is None:
         return core_budget()
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"[{SECTION}] retry_budget: expected seconds (a number >= 0), got {raw!r}")
-    return value
+    return parse_budget(raw, f"[{SECTION}] retry_budget")
 
 
 def session_name(explicit: str | None = None) -> str | None:

@@ -33,6 +33,7 @@ __all__ = [
     "backoff",
     "call_with_retries",
     "is_transient",
+    "parse_budget",
     "retry_budget",
 ]
 
@@ -54,12 +55,21 @@ def retry_budget() -> float:
     raw = os.environ.get("SHIPYARD_RETRY_BUDGET", "").strip()
     if not raw:
         return BUDGET
+    return parse_budget(raw, "SHIPYARD_RETRY_BUDGET")
+
+
+def parse_budget(raw: str, where: str) -> float:
+    """A retry budget's seconds from its text (a finite number >= 0).
+
+    Raises:
+        ValueError: naming ``where`` (the variable or option it came from).
+    """
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        raise ValueError(f"SHIPYARD_RETRY_BUDGET: expected seconds (a number >= 0), got {raw!r}")
+        raise ValueError(f"{where}: expected seconds (a number >= 0), got {raw!r}")
     return value
 
 
