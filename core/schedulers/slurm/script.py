@@ -337,6 +337,7 @@ class SlurmBatchRequest:
             f"# the node of rank 0 ({self.rank0 or names[0]}: het component {rank0}; a job of one"
             " component is not heterogeneous)",
             f'export {RANK0_ENV}="${{SLURM_JOB_NODELIST_HET_GROUP_{rank0}:-$SLURM_JOB_NODELIST}}"',
+            *self._first_attempt(app_expr),
             "# results ($SHIPYARD_RESULT_FILE) and a memory sample every second (sacct MaxRSS)",
             f'export {_RESULT_DIR}="$PWD/{result_dir_name(app_expr.strip(chr(34)))}"',
             f'mkdir -p "${_RESULT_DIR}"'
@@ -382,6 +383,28 @@ class SlurmBatchRequest:
             ]
         lines += ['exit "$exitcode"', ""]
         return "\n".join(lines)
+
+    def _first_attempt(self, app_expr: str) -> list[str]:
+        """On the first attempt, clears what an earlier job of the same id left in this
+        directory (another cluster sharing it, or a controller whose ids started again): logs
+        are opened for appending (a requeue keeps its earlier lines), so stale lines would mix
+        in, and stale results or retry counts would be taken for this job's."""
+        job = app_expr.strip(chr(34))
+        logs = [
+            ": >" + shell_quote(rep.srun_opts[k], app_expr)
+            for rep in self.replicas.values()
+            for k in ("output", "error")
+            if k in rep.srun_opts
+        ]
+        ckpt = f'"$PWD/shipyard-checkpoint-{job}"'
+        return [
+            "# a first attempt starts clean: an earlier job of this id may have left files here",
+            'if [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ]; then',
+            f'    rm -rf "$PWD/{result_dir_name(job)}" "$PWD/shipyard-retries-{job}"',
+            *(f"    {line}" for line in logs),
+            f'    [ ! -e {ckpt} ] || mv -T {ckpt} {ckpt[:-1]}.earlier-$(date +%s)"',
+            "fi",
+        ]
 
     @property
     def _warned(self) -> bool:

@@ -32,6 +32,7 @@ from core.clusters import ClusterConfig, ClusterError, Secret, load_clusters, re
 from core.runner import get_runner
 from core.schedulers.api import DescribeAppResponse, Stream
 from core.schedulers.slurm import rest_v0042
+from core.schedulers.slurm.transport import LocalFiles
 from core.schedulers.slurm_scheduler import SlurmScheduler
 from core.specs import AppDef, AppState, Role, is_terminal
 from core.transient import BackendUnavailableError
@@ -389,6 +390,29 @@ def test_a_held_job_of_a_crashed_submitter_is_finished_by_the_retry(cluster: Clu
         assert handle.endswith(f"/{orphan_id}")  # the retry re-attaches ... and releases it
         status = runner.wait(handle, timeout=90)
         assert status is not None and status.state == AppState.SUCCEEDED
+
+
+
+def test_a_job_id_seen_before_in_its_directory_starts_clean(cluster: Cluster) -> None:
+    """Two clusters sharing a directory (or a controller whose ids started again) run jobs of
+    the same id there: what the earlier one left (log lines, results, retry counts) is not
+    this job's."""
+    app = AppDef("again", [Role("w", entrypoint="/bin/echo", args=["fresh"])])
+    sched = cluster.sched
+    req = sched.submit_dryrun(app, cluster.cfg()).request
+    client = sched.client(cluster.name)
+    workdir = req.job_dir or sched.default_dir(cluster.name) or os.getcwd()
+    job = client.submit(req, workdir, hold=True)
+    app_id = f"{cluster.name}:{job}" if cluster.name else job
+    cluster.jobs.append(app_id)
+    files = client.files or LocalFiles()
+    files.write(f"{workdir}/slurm-{job}-w-0.out", b"stale line\n")
+    files.mkdir(f"{workdir}/shipyard-results-{job}")
+    files.write(f"{workdir}/shipyard-results-{job}/w-0.json", b'{"stale": true}')
+    client.release(job)
+    assert cluster.wait_done(app_id).state == AppState.SUCCEEDED
+    assert list(sched.log_iter(app_id, "w", 0)) == ["fresh\n"]
+    assert [(r.name, r.present) for r in sched.read_results(app_id)] == [("w/0", False)]
 
 
 def test_in_process_cluster_with_secrets_in_memory(
