@@ -27,6 +27,7 @@ from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
     AirflowSkipException,
+    AirflowTaskTerminated,
     TaskDeferralError,
 )
 
@@ -83,6 +84,14 @@ HANDLE_XCOM_KEY = "shipyard_app_handle"
 #: states of a task instance whose next try is coming or running (``None``: reset, not yet
 #: scheduled again)
 _NEXT_TRY_STATES = frozenset({None, "scheduled", "queued", "running", "deferred"})
+
+
+def _superseded_error(handle: AppHandle) -> AirflowTaskTerminated:
+    """Ends a try that a new try of its task instance replaces, leaving the job and the
+    task's XComs to that try."""
+    return AirflowTaskTerminated(
+        f"this try was replaced by a new try of the task instance, which follows {handle}"
+    )
 
 
 class ShipyardJobFailedError(ShipyardError, AirflowException):
@@ -576,7 +585,9 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
                 " task instance), which re-attaches to the job",
                 handle,
             )
-            return
+            # Airflow's handler returns to the task after on_kill: this try must stop here, or
+            # it goes on following the job and pushes its XComs beside the new try's
+            raise _superseded_error(handle)
         # A fresh runner: on_kill runs in a signal handler, maybe while the main thread holds a
         # lock of the runner it was using.
         with self._runner() as runner:
@@ -696,6 +707,8 @@ class ShipyardOperator(ResumableJobMixin, BaseOperator):
         """Pushes the ended job's XComs and judges it; returns the task's return value (the
         handle, or with ``return_result`` the result)."""
         handle, status = end.handle, end.status
+        if self._superseded():  # the job ended before Airflow told this try to stop
+            raise _superseded_error(handle)
         push = self._xcoms(context)
         self._push(context, handle, status)
         if status is not None and status.reason:

@@ -56,10 +56,21 @@ if [ "${1:-}" = "--stop" ]; then
             kill -TERM "$(cat "$RUN/$name.pid")"
         fi
     done
+    # a scheduler waits for the tasks its LocalExecutor runs ("signal again if you don't want to
+    # wait"): a second TERM after 30 s, then KILL after 60 s, as a service manager does
     deadline=$((SECONDS + 60))
     for name in "${PROCESSES[@]}"; do
+        again=$((SECONDS + 30))
         while airflow_alive "$name"; do
-            [ "$SECONDS" -lt "$deadline" ] || die "airflow $name (pid $(cat "$RUN/$name.pid")) does not stop"
+            pid=$(cat "$RUN/$name.pid")
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                log "airflow $name (pid $pid) does not stop: killing it"
+                kill -KILL "$pid" 2>/dev/null || true
+            elif [ "$SECONDS" -ge "$again" ]; then
+                log "airflow $name (pid $pid) still waits: signalling it again"
+                kill -TERM "$pid" 2>/dev/null || true
+                again=$deadline
+            fi
             sleep 0.2
         done
         rm -f "$RUN/$name.pid"

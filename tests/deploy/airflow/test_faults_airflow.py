@@ -182,6 +182,9 @@ def test_scheduler_restarted_while_tasks_wait(
     assert not submitted(second), second
     assert any(e.startswith(f"leaving {handle_b} running") for e in first), first
     assert not any(e.startswith("cancelling ") for e in first), first
+    # the first try stopped when told (it did not go on following the job beside the second)
+    stopped = first.index(KILLED)
+    assert not any(e.startswith("job/") for e in first[stopped:]), first[stopped:]
     assert "Reconnecting to existing job" in second
     assert jobs_named(deploy_runner, name_b) == [handle_b]
     assert deploy_runner.status(handle_b).state == AppState.SUCCEEDED

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTerminated, TaskDeferred
 
 from airflow_provider._common import idempotency_key
 from airflow_provider.operators import (
@@ -225,15 +225,21 @@ def test_on_kill_leaves_the_job_to_the_try_that_replaces_this_one(
     try:
         wait_until(lambda: runner.status(handle).state == AppState.RUNNING, what="RUNNING")
         store.replaced, ti.state = replaced, state
-        op.on_kill()
         if cancels:
+            op.on_kill()
             assert runner.status(handle).state == AppState.CANCELLED
-        else:  # the job goes on, for the next try to re-attach to
+        else:  # the job goes on, for the next try to re-attach to; this try stops
+            with pytest.raises(AirflowTaskTerminated, match="replaced by a new try"):
+                op.on_kill()
             assert runner.status(handle).state == AppState.RUNNING
             gate.touch()
         t.join(60)
         assert not t.is_alive()
-        assert (outcome[0] == handle) is not cancels, outcome
+        if cancels:
+            assert isinstance(outcome[0], ShipyardJobFailedError), outcome
+        else:  # (here this try's thread saw the job end: it leaves the XComs to the next try)
+            assert isinstance(outcome[0], AirflowTaskTerminated), outcome
+            assert runner.status(handle).state == AppState.SUCCEEDED
     finally:
         runner.cancel(handle)
 
