@@ -392,7 +392,6 @@ def test_a_held_job_of_a_crashed_submitter_is_finished_by_the_retry(cluster: Clu
         assert status is not None and status.state == AppState.SUCCEEDED
 
 
-
 def test_a_job_id_seen_before_in_its_directory_starts_clean(cluster: Cluster) -> None:
     """Two clusters sharing a directory (or a controller whose ids started again) run jobs of
     the same id there: what the earlier one left (log lines, results, retry counts) is not
