@@ -17,7 +17,8 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -244,3 +245,20 @@ def make_cluster(param: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     c.sched.close()
     if c.remote:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def remote_clusters(
+    params: Sequence[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[Cluster]]:
+    """A :class:`Cluster` on each of ``params`` (ssh and rest ones: a local one needs this
+    host's Slurm commands, which the remote ones take away), for one test to run a scenario
+    bound to Slurm's clock (a time limit) on all of them at once."""
+    assert not any(p.startswith("local") for p in params), params
+    with ExitStack() as stack:
+        out = []
+        for p in params:
+            gen = make_cluster(p, tmp_path, monkeypatch)
+            out.append(next(gen))
+            stack.callback(next, gen, None)
+        yield out

@@ -25,6 +25,7 @@ from tests.integration.slurm.slurm_clusters import (
     SLOW_CLUSTERS,
     Cluster,
     make_cluster,
+    remote_clusters,
     wait,
 )
 
@@ -123,28 +124,39 @@ def test_a_preempted_job_without_requeues_ends_preempted(cluster: Cluster) -> No
     assert int(_lines(ckpt / "counter")[0]) == len(_lines(ckpt / "steps"))  # saved on SIGTERM
 
 
-@pytest.mark.parametrize("cluster", ["local", "rest-26"], indirect=True)
-def test_requeue_on_timeout_requeues_before_the_limit_and_resumes(cluster: Cluster) -> None:
-    job_dir, path = cluster.job_dir("training")
-    cfg = {
-        "job_dir": job_dir,
-        "time_limit": "1m",
-        "checkpoint_signal": "USR1",
-        "checkpoint_grace": 40,
-        "max_requeues": 1,
-        "requeue_on_timeout": True,
-    }
-    # 300 steps (~63 s): more than the first attempt can do before its requeue (30 s after a
-    # warning that Slurm sends 0-20 s in), less than what the second can do before its limit
-    app_id = cluster.submit(_training(300), cfg)
+def test_requeue_on_timeout_requeues_before_the_limit_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On both releases at once (ssh: the commands a local client runs)."""
+    with remote_clusters(["ssh", "rest-26"], tmp_path, monkeypatch) as clusters:
+        jobs = []
+        for c in clusters:
+            job_dir, path = c.job_dir("training")
+            cfg = {
+                "job_dir": job_dir,
+                "time_limit": "1m",
+                "checkpoint_signal": "USR1",
+                "checkpoint_grace": 40,
+                "max_requeues": 1,
+                "requeue_on_timeout": True,
+            }
+            # 300 steps (~63 s): more than the first attempt can do before its requeue (30 s
+            # after a warning that Slurm sends 0-20 s in), less than what the second can do
+            # before its limit
+            jobs.append((c, c.submit(_training(300), cfg), path))
+        for c, app_id, path in jobs:
+            _resumed_after_its_requeue(c, app_id, path)
+
+
+def _resumed_after_its_requeue(cluster: Cluster, app_id: str, path: Path) -> None:
     ckpt = path / f"shipyard-checkpoint-{cluster.job_id(app_id)}"
     desc = cluster.wait_done(app_id, timeout=300)
-    assert desc.state == AppState.SUCCEEDED and desc.num_restarts == 1, desc
-    assert _lines(ckpt / "steps") == [str(i) for i in range(300)]
-    assert [a.split()[0] for a in _lines(ckpt / "attempts")] == ["0", "1"]
-    assert [(a.number, a.state) for a in desc.attempts] == [(0, "REQUEUED")]
+    assert desc.state == AppState.SUCCEEDED and desc.num_restarts == 1, (cluster.name, desc)
+    assert _lines(ckpt / "steps") == [str(i) for i in range(300)], cluster.name
+    assert [a.split()[0] for a in _lines(ckpt / "attempts")] == ["0", "1"], cluster.name
+    assert [(a.number, a.state) for a in desc.attempts] == [(0, "REQUEUED")], cluster.name
     err = (path / f"slurm-{cluster.job_id(app_id)}.out").read_text()
-    assert "shipyard: time limit near: requeueing job" in err
+    assert "shipyard: time limit near: requeueing job" in err, cluster.name
 
 
 def test_requeue_on_timeout_over_slurmrestd_is_refused_before_submitting() -> None:

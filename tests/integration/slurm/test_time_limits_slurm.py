@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from core.specs import AppDef, AppState, Role
-from tests.integration.slurm.slurm_clusters import Cluster, make_cluster
+from tests.integration.slurm.slurm_clusters import Cluster, make_cluster, remote_clusters
 
 
 @pytest.fixture(params=["local", "ssh", "local-26", "rest-26"])
@@ -22,18 +22,25 @@ def cluster(
     yield from make_cluster(request.param, tmp_path, monkeypatch)
 
 
-@pytest.mark.parametrize("cluster", ["local", "rest", "rest-26"], indirect=True)  # (ssh: local's)
-def test_a_job_over_its_limit_gets_the_signal_then_ends_timeout(cluster: Cluster) -> None:
-    record = cluster.scratch / "signals"
-    script = f"trap 'echo USR1 >> {record}' USR1; while :; do sleep 1; done"
-    app = AppDef("limited", [Role("w", entrypoint="sh", args=["-c", script])])
+def test_a_job_over_its_limit_gets_the_signal_then_ends_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On each release and API at once (ssh: the commands a local client runs)."""
     cfg = {"time_limit": "1m", "checkpoint_signal": "USR1", "checkpoint_grace": 40}
-    app_id = cluster.submit(app, cfg)
-    # (Slurm checks limits on its own period: the job ends a little after its minute)
-    desc = cluster.wait_done(app_id, timeout=240)
-    assert desc.state == AppState.FAILED and desc.reason == "timeout", desc
-    assert desc.roles_statuses[0].replicas[0].reason == "timeout"
-    assert record.read_text().split() == ["USR1"]  # the replica got it, once, before the end
+    with remote_clusters(["ssh", "rest", "rest-26"], tmp_path, monkeypatch) as clusters:
+        jobs = []
+        for c in clusters:
+            record = c.scratch / "signals"
+            script = f"trap 'echo USR1 >> {record}' USR1; while :; do sleep 1; done"
+            app = AppDef("limited", [Role("w", entrypoint="sh", args=["-c", script])])
+            jobs.append((c, c.submit(app, cfg), record))
+        for c, app_id, record in jobs:
+            # (Slurm checks limits on its own period: the job ends a little after its minute)
+            desc = c.wait_done(app_id, timeout=240)
+            assert desc.state == AppState.FAILED and desc.reason == "timeout", (c.name, desc)
+            assert desc.roles_statuses[0].replicas[0].reason == "timeout", c.name
+            # the replica got it, once, before the end
+            assert record.read_text().split() == ["USR1"], c.name
 
 
 def test_a_job_in_time_is_left_alone(cluster: Cluster) -> None:
