@@ -28,7 +28,13 @@ from core.errors import ShipyardError
 from core.schedulers.slurm import rest_v0038, rest_v0042
 from core.schedulers.slurm.jobinfo import JobInfo, array_query_ids
 from core.schedulers.slurm.script import SlurmBatchRequest
-from core.schedulers.slurm.transport import Files, SlurmClient, SubmitRefusedError, TransportError
+from core.schedulers.slurm.transport import (
+    AccountingUnavailableError,
+    Files,
+    SlurmClient,
+    SubmitRefusedError,
+    TransportError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +224,12 @@ class RestClient(SlurmClient):
             try:
                 payload = self._call("GET", f"{self._db}/job/{job_id}")
             except TransportError as e:
-                log.debug("accounting for %s: %s", job_id, e)
-                return None
+                raise AccountingUnavailableError(f"slurmrestd accounting: {e}") from e
             if payload.get("_status") == 404:
                 return None  # no dbv plugin: accounting is not available
+            down = _database_down(payload)
+            if down is not None:
+                raise AccountingUnavailableError(f"slurmrestd accounting: {down}")
             found.update(self.api.parse_accounting(payload))
         return found
 
@@ -325,3 +333,16 @@ def _auth_problem(payload: dict[str, Any]) -> bool:
         return True
     pings = payload.get("pings") or []
     return any("authentication" in str(p.get("status", "")).lower() for p in pings)
+
+
+#: Slurm's error number for "Unable to connect to database" (ESLURM_DB_CONNECTION)
+_DB_CONNECTION = 7000
+
+
+def _database_down(payload: dict[str, Any]) -> str | None:
+    """What slurmrestd says when it could not reach slurmdbd (it answers 200 with an error and
+    no jobs), else None."""
+    for e in payload.get("errors") or []:
+        if isinstance(e, dict) and e.get("error_number") == _DB_CONNECTION:
+            return str(e.get("description") or e.get("error") or "cannot reach slurmdbd")
+    return None

@@ -32,6 +32,7 @@ from core.schedulers.api import (
 from core.schedulers.slurm import checks, outcome
 from core.schedulers.slurm.containers import containerize
 from core.schedulers.slurm.containers import stage as stage_images
+from core.schedulers.slurm.describe import describe_jobs
 from core.schedulers.slurm.images import resolve as resolve_images
 from core.schedulers.slurm.jobinfo import JobInfo, app_state, task_ranges, to_response
 from core.schedulers.slurm.logs import TailChecks, read_lines
@@ -442,7 +443,7 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         found: dict[str, JobInfo] = {}
         for cluster, ids in groups.items():
             attempts = self._attempts.setdefault(cluster, {})
-            infos = _describe_jobs(self.client(cluster), ids, attempts)
+            infos = describe_jobs(self.client(cluster), ids, attempts)
             keep_off_failed_nodes(
                 self.client(cluster), infos, self._kept_off.setdefault(cluster, set())
             )
@@ -689,83 +690,6 @@ def _replica_role(role: Role, replica_id: int, img_root: str) -> Role:
         }
     )
     return replica_role
-
-
-def _describe_jobs(
-    client: SlurmClient, ids: list[str], attempts: dict[tuple[str, int], list[Attempt]]
-) -> dict[str, JobInfo]:
-    """What the controller says of ``ids``, completed from accounting where it must be;
-    ``attempts``: the ended attempts of requeued jobs already read, by (job id, restarts)."""
-    found, controller_error = client.controller_jobs(ids)
-    # accounting for jobs the controller forgot, and for requeued ones that ended (the
-    # controller's derived exit codes span every attempt; accounting has each attempt's steps)
-    need = [
-        a
-        for a in ids
-        if a not in found or (found[a].restarts > 0 and is_terminal(app_state(found[a].state)))
-    ]
-    # (a running requeued job's earlier attempts: read once per requeue)
-    listing = [
-        a
-        for a in ids
-        if a in found
-        and a not in need
-        and found[a].restarts > 0
-        and _attempts_key(found[a]) not in attempts
-    ]
-    acct = (client.accounting_jobs(need + listing) or {}) if need or listing else {}
-    for a in listing:
-        info = acct.get(a)
-        if info is not None and len(info.attempts) == found[a].restarts:
-            attempts[_attempts_key(found[a])] = info.attempts
-    for a in ids:
-        if a in found and found[a].restarts > 0:
-            found[a].attempts = list(attempts.get(_attempts_key(found[a]), []))
-    if need:
-        for a in need:
-            info = acct.get(a)
-            if info is None or not info.components:
-                continue
-            if a in found and (
-                not is_terminal(app_state(info.state))
-                or set(info.components) != set(found[a].components)
-            ):
-                _await_accounting(found[a])  # accounting lags behind the controller
-                continue
-            if a in found:
-                info.restarts = max(info.restarts, found[a].restarts)
-                _fill_exit_codes(info, found[a])
-            found[a] = info
-    if controller_error is not None:
-        unknown = [a for a in ids if a not in found]
-        if unknown:
-            # the controller did not answer: "no such job" would be a lie
-            raise BackendUnavailableError(
-                f"slurm: cannot describe job(s) {', '.join(unknown)}: the controller did not"
-                f" answer ({controller_error}) and accounting does not know them"
-            )
-    return found
-
-
-def _attempts_key(info: JobInfo) -> tuple[str, int]:
-    return info.app_id, info.restarts
-
-
-def _await_accounting(controller: JobInfo) -> None:
-    """A requeued job that failed, while accounting lags: only accounting tells which replica
-    failed in the last attempt, so the job is reported still ending until it does."""
-    if controller.restarts > 0 and controller.state not in ("COMPLETED", "CANCELLED"):
-        controller.reason = f"{controller.state}; waiting for accounting of its last attempt"
-        controller.state = "COMPLETING"
-
-
-def _fill_exit_codes(acct: JobInfo, controller: JobInfo) -> None:
-    """Exit codes accounting lost (slurmrestd 22.05 reports 0 for a failed step: None here)
-    taken from the controller's answer for the same component."""
-    for off, comp in acct.components.items():
-        known = controller.components.get(off)
-        if comp.exit_code is None and known is not None and known.exit_code is not None:
-            comp.exit_code = known.exit_code
 
 
 def _timeout_requeue_delay(grace: float) -> int:

@@ -309,20 +309,7 @@ class SlurmBatchRequest:
         names = list(self.replicas)
         rank0 = names.index(self.rank0) if self.rank0 in self.replicas else 0
         private = [n for i, r in enumerate(reps) for n in r.private_names(i)]
-        lines = [
-            "#!/bin/bash",
-            "#",
-            f"# Shipyard app {self.app_name or '(unnamed)'}: {len(reps)} replica(s), one"
-            " heterogeneous-job component each"
-            + (
-                f"; array tasks {self.array} (one app each: <job id>_<task>)."
-                if self.array
-                else "."
-            ),
-            "# Submit with: sbatch --parsable <this file>",
-            "# Logs: slurm-<job id>-<role>-<replica id>.out and .err in the job's directory.",
-            "#",
-        ]
+        lines = self._header(len(reps))
         app_expr = _TASK_APP_ID_EXPR if self.array else _APP_ID_EXPR
         for i, rep in enumerate(reps):
             if i:
@@ -383,6 +370,23 @@ class SlurmBatchRequest:
             ]
         lines += ['exit "$exitcode"', ""]
         return "\n".join(lines)
+
+    def _header(self, n_replicas: int) -> list[str]:
+        """The script's opening comment: what it runs, how to submit it, where its logs go."""
+        return [
+            "#!/bin/bash",
+            "#",
+            f"# Shipyard app {self.app_name or '(unnamed)'}: {n_replicas} replica(s), one"
+            " heterogeneous-job component each"
+            + (
+                f"; array tasks {self.array} (one app each: <job id>_<task>)."
+                if self.array
+                else "."
+            ),
+            "# Submit with: sbatch --parsable <this file>",
+            "# Logs: slurm-<job id>-<role>-<replica id>.out and .err in the job's directory.",
+            "#",
+        ]
 
     def _first_attempt(self, app_expr: str) -> list[str]:
         """On the first attempt, clears what an earlier job of the same id left in this

@@ -54,6 +54,10 @@ class TransportError(BackendUnavailableError):
     """The cluster could not be reached (after retries): nothing is known about the job."""
 
 
+class AccountingUnavailableError(TransportError):
+    """The cluster's accounting (slurmdbd) did not answer; the controller may still have."""
+
+
 class SubmitRefusedError(ShipyardError, RuntimeError):
     """Slurm refused the job (``str()`` is its message): nothing was queued."""
 
@@ -264,7 +268,11 @@ class SlurmClient(abc.ABC):
 
     @abc.abstractmethod
     def accounting_jobs(self, job_ids: list[str]) -> dict[str, JobInfo] | None:
-        """What accounting knows of ``job_ids`` (None if accounting is not available)."""
+        """What accounting knows of ``job_ids`` (None if the cluster has no accounting).
+
+        Raises:
+            AccountingUnavailableError: accounting did not answer.
+        """
 
     @abc.abstractmethod
     def user_jobs(self, marked: str | None = None) -> dict[str, JobInfo]:
@@ -370,11 +378,14 @@ class CommandClient(SlurmClient):
         try:
             p = self.shell.run(argv)
         except TransportError as e:
-            log.debug("sacct failed: %s", e)
-            return None
+            raise AccountingUnavailableError(f"sacct: {e}") from e
         if p.returncode != 0:
-            log.debug("sacct failed: %s", p.stderr.strip())
-            return None
+            if "accounting storage is disabled" in p.stderr:
+                return None  # a cluster without accounting
+            # (its last line says why: "Problem talking to the database: Connection refused")
+            raise AccountingUnavailableError(
+                "sacct: " + "".join(p.stderr.strip().splitlines()[-1:])
+            )
         return parse_sacct(p.stdout)
 
     def user_jobs(self, marked: str | None = None) -> dict[str, JobInfo]:

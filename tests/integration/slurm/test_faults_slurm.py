@@ -10,6 +10,7 @@ keep running under their slurmd meanwhile.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,11 @@ import pytest
 
 from core.runner import Runner, get_runner
 from core.schedulers.api import Stream
-from core.specs import AppDef, AppState, Role, is_terminal
+from core.schedulers.slurm_scheduler import SlurmScheduler
+from core.specs import AppDef, AppState, Role, is_terminal, make_app_handle
+from core.transient import BackendUnavailableError
 from tests.helpers import ROOT, wait_until
+from tests.services import REMOTE_DIR
 
 
 def _free_ports(n: int) -> list[int]:
@@ -340,17 +344,19 @@ def _dbd_pid() -> int | None:
 
 
 @pytest.fixture
-def accounting_down(slurm_cluster: None) -> Iterator[None]:
-    """The test rig's slurmdbd (22.05) stopped for the test, and started again after it as
-    scripts/start_slurm.sh starts it; the cluster is left as it was found."""
+def accounting_down(slurm_cluster: None) -> Iterator[Callable[[], None]]:
+    """The test rig's slurmdbd (22.05) stopped for the test, and started again after it (or when
+    the test calls what this yields) as scripts/start_slurm.sh starts it; the cluster is left
+    as it was found."""
     pid = _dbd_pid()
     if pid is None:
         pytest.fail("slurmdbd does not run (scripts/start_slurm.sh starts it)")
     os.kill(pid, signal.SIGTERM)
     wait_until(lambda: _dbd_pid() is None, 30, "slurmdbd to stop")
-    try:
-        yield
-    finally:
+
+    def start() -> None:
+        if _dbd_pid() is not None:
+            return
         subprocess.run(["slurmdbd"], stdin=subprocess.DEVNULL, capture_output=True, check=True)
 
         def answers() -> bool:
@@ -360,9 +366,14 @@ def accounting_down(slurm_cluster: None) -> Iterator[None]:
 
         wait_until(answers, 60, "slurmdbd to answer again")
 
+    try:
+        yield start
+    finally:
+        start()
+
 
 def test_accounting_down_describe_and_waits_answer_from_the_controller(
-    accounting_down: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    accounting_down: Callable[[], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """slurmdbd down (maintenance) while jobs run and end: describe answers from the
     controller, and waits get each job's real end and exit codes."""
@@ -381,3 +392,57 @@ def test_accounting_down_describe_and_waits_answer_from_the_controller(
             assert final.exit_codes() == {"w": [0, 1]}
         finally:
             runner.cancel(handle)
+
+
+class _Warnings(logging.Handler):
+    """The warnings of a logger, as they come."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_accounting_down_a_job_only_accounting_holds_is_not_known_yet(
+    accounting_down: Callable[[], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that ended past the controller's MinJobAge is known to accounting only: while
+    slurmdbd is down, describe says it cannot tell (a transient error, never "no such job")
+    and a waiter keeps waiting; once accounting answers, the waiter gets its answer. (The
+    controller says of a purged job what it says of one it never had: the test asks for one
+    it never had, accounting's answer is then "no such job".)"""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SHIPYARD_CLUSTERS", os.path.join(REMOTE_DIR, "clusters.yaml"))
+    purged = "999999997"
+    sched = SlurmScheduler("t")
+    for where in ("", "ssh-login:", "rest-api:"):  # (sacct here and over ssh; slurmrestd)
+        with pytest.raises(BackendUnavailableError, match="no longer holds .* did not answer"):
+            sched.describe(where + purged)
+    sched.close()
+    warnings = _Warnings()
+    with get_runner("sfault-purged") as runner:
+        handle = make_app_handle("slurm", "sfault-purged", purged)
+        waited: dict[str, Any] = {}
+        waiter = threading.Thread(target=_wait_into, args=(runner, handle, waited, warnings))
+        waiter.start()
+        wait_until(lambda: len(warnings.messages) >= 2, 60, "the waiter to retry twice")
+        assert waiter.is_alive() and not waited, waited
+        accounting_down()  # slurmdbd back
+        waiter.join(120)
+    assert not waiter.is_alive()
+    assert "error" not in waited, waited
+    assert waited["status"] is None  # (accounting's answer: no such job)
+    assert all("accounting did not answer" in m for m in warnings.messages), warnings.messages
+
+
+def _wait_into(runner: Runner, handle: str, out: dict[str, Any], warnings: _Warnings) -> None:
+    logger = logging.getLogger("core.watch.job")  # (where a waiter's retries are told)
+    logger.addHandler(warnings)
+    try:
+        out["status"] = runner.wait(handle, wait_interval=0.2, timeout=120)
+    except Exception as e:  # noqa: BLE001 - looked at by the test
+        out["error"] = e
+    finally:
+        logger.removeHandler(warnings)
