@@ -21,6 +21,7 @@ from bench.harness import (
     fill,
     interleave,
     ratio,
+    repeat_timed,
     wait_for,
 )
 
@@ -239,6 +240,38 @@ def run(ctx: Ctx) -> list[Row]:
             raw_name="read app.json + kill(pid, 0) x8",
         ),
         lambda row: describe_row(row, cold=False),
+    )
+
+    # -- describe from the submitting process (issue 31) ------------------------------------
+    def submitter_row(row: Row) -> None:
+        h = runner.run(_app("bdescin", "sleep", ["60"], 8), "local_cwd")
+        procs = [subprocess.Popen(["sleep", "60"]) for _ in range(8)]
+        try:
+            wait_for(lambda: _state(runner.status(h)) == AppState.RUNNING, 10, "RUNNING")
+            sched, app_id = runner.scheduler("local_cwd"), h.rsplit("/", 1)[1]
+
+            def shipyard() -> float:
+                return repeat_timed(lambda: sched.describe(app_id), 200)
+
+            def raw() -> float:
+                return repeat_timed(lambda: [p.poll() for p in procs], 200)
+
+            fill(row, interleave({"shipyard": shipyard, "raw": raw}, ctx.runs, warmup=2))
+            row.note = "TorchX 0.7.0's in-memory describe took 0.067 ms in the issue's run"
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+            runner.cancel(h)
+            _quiesce(runner, h)
+
+    sec.measure(
+        sec.row(
+            "describe 8 replicas, the submitting process (pidfds after the first look)",
+            at_most_ms(0.067),
+            raw_name="Popen.poll() x8 (in memory)",
+        ),
+        submitter_row,
     )
 
     # -- cancel ------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from core.schedulers.local.background import BACKGROUND, start_collector
 from core.schedulers.local.checks import gpu_demand, host_gpu_count, preflight
 from core.schedulers.local.collector import collect
 from core.schedulers.local.images import ImageProvider, PopenRequest, ReplicaParam
+from core.schedulers.local.liveness import Liveness
 from core.schedulers.local.logs import LogIterator
 from core.schedulers.local.options import LocalOpts, local_opts, requeues, run_opts
 from core.schedulers.local.outcome import EndedApps, apply_usage, read_results, response
@@ -134,6 +135,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         self._lock = threading.RLock()
         self._records: OrderedDict[str, AppRecord] = OrderedDict()  # (records never change)
         self._ended = EndedApps(cache_size * 2)
+        self._liveness = Liveness()  # (pidfds of the apps described more than once)
         self._launched: OrderedDict[str, AppDir] = OrderedDict()  # by this instance
         self._inflight: dict[str, list[Identity]] = {}  # submits in progress
         self._cancelling: dict[str, threading.RLock] = {}
@@ -392,7 +394,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             resp = response(app_id, record, known[0], app)
             apply_usage(resp, known[1], record)
             return resp
-        obs = observe(app, record)
+        obs = observe(app, record, self._liveness.checker(app_id, record))
         if obs is None:
             return None
         state = obs.done or self._settle(app, record, obs) or running_state(app, obs)
@@ -402,6 +404,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         apply_usage(resp, usages, record)
         if obs.done is not None:
             self._ended.put(app_id, obs.done, usages, len(record.replicas))
+            self._liveness.forget(app_id)
         return resp
 
     def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
@@ -673,6 +676,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             return
         self._closed = True
         HANDLERS.unregister(self)
+        self._liveness.close()
         with self._lock:
             self._records.clear()
             self._ended.clear()

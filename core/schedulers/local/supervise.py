@@ -62,10 +62,13 @@ def observe(
     obs.cancelled = AppDir.CANCELLED in names
     obs.gang = AppDir.GANG in names
     obs.timeout = AppDir.TIMEOUT in names
-    idents = identities(record)
     recorded = app.exits()
     unknown = [g for g in range(len(record.replicas)) if g not in recorded]
-    states = alive(unknown) if alive is not None else [idents[g].alive() for g in unknown]
+    if alive is None:
+        idents = identities(record)
+        states = [idents[g].alive() for g in unknown]
+    else:
+        states = alive(unknown)
     running = {g for g, up in zip(unknown, states, strict=True) if up}
     if len(running) < len(unknown):
         # ended since the first look: its exit code, and a cancel's or a gang's marker (made
