@@ -24,7 +24,7 @@ naming the file (or the variable) and the key, raised before anything is submitt
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,10 +104,13 @@ class Defaults:
     origins: Mapping[tuple[str, str], str] = field(default_factory=dict)
     environ: Mapping[str, str] = field(default_factory=dict)
 
-    def pick_scheduler(self, flag: str | None, schedulers: Sequence[str]) -> str:
-        """The scheduler to use: ``flag`` (``--scheduler``), else the default one, else the
-        first of ``schedulers``."""
-        return flag or self.scheduler or schedulers[0]
+    def pick_scheduler(self, flag: str | None, schedulers: Collection[str]) -> str:
+        """The scheduler to use: ``flag`` (``--scheduler``), else the default one, else
+        Shipyard's (``local_cwd``) if it is one of ``schedulers``, else their first."""
+        from core.schedulers import get_default_scheduler_name
+
+        first = get_default_scheduler_name()
+        return flag or self.scheduler or (first if first in schedulers else next(iter(schedulers)))
 
     def run_cfg(
         self, scheduler: str, opts: runopts, flags: Mapping[str, CfgVal]
@@ -175,7 +178,7 @@ def _detail(e: ValueError) -> str:
 
 
 def load_defaults(
-    schedulers: Sequence[str],
+    schedulers: Collection[str],
     cwd: Path | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Defaults:
@@ -220,7 +223,7 @@ def load_defaults(
     return Defaults(scheduler, cfg, origins, env)
 
 
-def _scheduler_name(value: Any, schedulers: Sequence[str], where: str) -> str:
+def _scheduler_name(value: Any, schedulers: Collection[str], where: str) -> str:
     if not isinstance(value, str) or value not in schedulers:
         raise DefaultsError(
             f"{where}: unknown scheduler {value!r}; expected one of {', '.join(schedulers)}"
@@ -231,7 +234,7 @@ def _scheduler_name(value: Any, schedulers: Sequence[str], where: str) -> str:
 def scheduler_and_cfg(
     flag_scheduler: str | None,
     flag_cfg: str | None,
-    schedulers: Sequence[str],
+    schedulers: Collection[str],
     opts_of: Callable[[str], runopts],
     cwd: Path | None = None,
     environ: Mapping[str, str] | None = None,

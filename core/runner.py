@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,7 @@ from core.errors import ShipyardError
 from core.functions import FunctionRunner
 from core.reasons import fill_reasons
 from core.reports import AppResult, Problem, problem_from_error
-from core.schedulers import SchedulerFactory, get_default_scheduler_name, get_scheduler_factories
+from core.schedulers import SchedulerFactory, available_schedulers, get_default_scheduler_name
 from core.schedulers.api import ListAppResponse, Scheduler, Stream
 from core.specs import (
     NONE,
@@ -134,7 +134,7 @@ class Runner(FunctionRunner):
 
     Args:
         name: the session name apps are submitted under
-        scheduler_factories: available schedulers (default: :func:`get_scheduler_factories`)
+        scheduler_factories: available schedulers (default: :func:`available_schedulers`)
         scheduler_params: keyword arguments passed to every scheduler factory
     """
 
@@ -146,7 +146,9 @@ class Runner(FunctionRunner):
     ) -> None:
         self._name = name
         self._plain = scheduler_factories is None and not scheduler_params
-        self._factories = dict(scheduler_factories or get_scheduler_factories())
+        self._factories: Mapping[str, SchedulerFactory] = (
+            dict(scheduler_factories) if scheduler_factories else available_schedulers()
+        )
         self._scheduler_params = dict(scheduler_params or {})
         self._schedulers: dict[tuple[str, str], Scheduler[Any]] = {}
         self._lock = threading.Lock()
@@ -187,9 +189,10 @@ class Runner(FunctionRunner):
             return Runner(self._name)
         return Runner(self._name, self._factories, self._scheduler_params)
 
-    def scheduler_backends(self) -> list[str]:
-        """Names of the schedulers this runner can use."""
-        return list(self._factories)
+    def scheduler_backends(self) -> Collection[str]:
+        """Names of the schedulers this runner can use (listed when iterated; ``in`` finds a
+        built-in one without reading the installed packages' entry points)."""
+        return self._factories.keys()
 
     def _scheduler(self, backend: str, session: str | None = None) -> Scheduler[Any]:
         session = self._name if session is None else session
