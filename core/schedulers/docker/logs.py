@@ -9,6 +9,7 @@ the next read resumes after the last frame taken, so nothing is repeated or lost
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from typing import Any
 
 from core.schedulers.api import Stream, split_lines
 from core.schedulers.docker.model import parse_docker_time
+from core.transient import call_with_retries, is_transient
+
+log = logging.getLogger(__name__)
 
 # a frame's timestamp prefix: RFC3339Nano with fixed width, in UTC, then a space
 TS_LEN = len("2006-01-02T15:04:05.000000000Z ")
@@ -102,6 +106,11 @@ def follow(
             yield from _lines(_frames(api, name, stream, live, cursor.since(since), until), cursor)
         except NotFound:
             return
+        except Exception as e:  # noqa: BLE001 - told apart below
+            if not _cut_short(e):
+                raise
+            # the engine went away mid-stream (restarted): resume after the last frame taken
+            log.info("the log stream of %s was cut (%s); resuming", name, e)
         if not live or (until is not None and until <= time.time()):
             return
         # The stream ends when the container stops. Docker may start it again (restart policy):
@@ -112,14 +121,24 @@ def follow(
         started, live = state
 
 
+def _cut_short(e: Exception) -> bool:
+    """Whether a follow stream failed because the engine went away (not a verdict on it)."""
+    from requests.exceptions import ChunkedEncodingError
+    from urllib3.exceptions import ProtocolError
+
+    return is_transient(e) or isinstance(e, ChunkedEncodingError | ProtocolError)
+
+
 def _next_run(api: Any, name: str, started: str) -> tuple[str, bool] | None:
     """After a follow stream ended: (the run's start, whether to follow it) or None if gone."""
     from docker.errors import NotFound
 
     delay = 0.02
     while True:
-        try:
-            state = api.inspect_container(name)["State"]
+        try:  # (through an engine restart: retried within the retry budget)
+            state = call_with_retries(
+                lambda: api.inspect_container(name)["State"], f"docker: the state of {name}"
+            )
         except NotFound:
             return None
         now_started = state.get("StartedAt", "")

@@ -301,8 +301,9 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         try:
             submit.remove_network(self._api, network)
             log.info("freed the network of %s (it ended)", resp.app_id)
-        except Exception:
-            log.debug("could not free network %s: the sweep will", network, exc_info=True)
+        except Exception:  # (e.g. the engine stopping: its containers ended, then it went)
+            self._freed.discard(network)  # the next describe that sees the end tries again
+            log.debug("could not free network %s yet", network, exc_info=True)
         self._janitor.poke()  # (it retires the ended apps past their retention)
 
     def list(self) -> list[ListAppResponse]:

@@ -1,5 +1,7 @@
 """The Docker engine restarted while a job runs: describe never lies during the outage and reports
-the right states afterwards; jobs submitted after the restart work.
+the right states afterwards; a waiter and log followers started before the outage take it as
+passing (the end, each line once); the ended app's network is freed; jobs submitted after the
+restart work.
 
 The test runs its own ``dockerd`` (own socket, data root, containerd namespace; started and
 stopped by the test, by pid), so the engine the other tests use is never touched. The test image
@@ -17,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -142,6 +145,15 @@ def test_dockerd_restart_while_a_job_runs(
     assert st is not None and st.state == AppState.SUCCEEDED
     wait_until(lambda: (tmp_path / "up.0").exists() and (tmp_path / "up.1").exists(), what="up")
     assert runner.status(job).state == AppState.RUNNING  # type: ignore[union-attr]
+    # a waiter and a follower of each replica, through the outage
+    waited: dict[str, Any] = {}
+    followed: dict[int, Any] = {}
+    threads = [threading.Thread(target=_wait_into, args=(runner, job, waited))] + [
+        threading.Thread(target=_follow_into, args=(runner, job, k, followed)) for k in (0, 1)
+    ]
+    for t in threads:
+        t.start()
+    wait_until(lambda: all(followed.get(k) == [f"up {k}\n"] for k in (0, 1)), what="following")
 
     engine.stop()
     # engine down: describe fails loudly, it does not say "no such app" or a made-up state
@@ -176,6 +188,16 @@ def test_dockerd_restart_while_a_job_runs(
         want_lines = {0: ["up 0\n"], 1: ["up 1\n"]}
     for k, lines in want_lines.items():
         assert list(runner.log_lines(job, "w", k, streams=Stream.STDOUT)) == lines
+    for t in threads:
+        t.join(120)
+    # the waiter and the followers took the outage as passing: the end, each line once
+    assert waited.get("status") is not None, waited
+    assert (waited["status"].state, waited["status"].exit_codes()) == (st.state, st.exit_codes())
+    assert followed == want_lines, followed
+    # nothing left over: the ended app's network is freed, its two containers kept for its logs
+    app_id = job.rsplit("/", 1)[1]
+    assert _labelled(engine, "network", app_id) == []
+    assert len(_labelled(engine, "container", app_id)) == 2
 
     # and the engine takes new jobs
     again = runner.run(_app("after", 'echo "after $0"', tmp_path), "local_docker")
@@ -183,3 +205,29 @@ def test_dockerd_restart_while_a_job_runs(
     assert st is not None and st.state == AppState.SUCCEEDED
     for h in (done, job, again):
         runner.cancel(h)
+
+
+def _wait_into(runner: Runner, handle: str, out: dict[str, Any]) -> None:
+    try:
+        out["status"] = runner.wait(handle, wait_interval=0.2, timeout=240)
+    except Exception as e:  # noqa: BLE001 - looked at by the test
+        out["error"] = e
+
+
+def _follow_into(runner: Runner, handle: str, k: int, out: dict[int, Any]) -> None:
+    out[k] = lines = []
+    try:
+        for line in runner.log_lines(handle, "w", k, should_tail=True, streams=Stream.STDOUT):
+            lines.append(line)
+    except Exception as e:  # noqa: BLE001 - looked at by the test
+        out[k] = e
+
+
+def _labelled(engine: PrivateDockerd, kind: str, app_id: str) -> list[str]:
+    """The ids of the engine's ``kind`` (container, network, volume) labelled with ``app_id``."""
+    ls = ["ps", "-a"] if kind == "container" else [kind, "ls"]
+    p = subprocess.run(
+        ["docker", "-H", engine.sock, *ls, "-q", "--filter", f"label=shipyard.app_id={app_id}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return p.stdout.split()
