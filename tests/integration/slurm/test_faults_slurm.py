@@ -306,6 +306,12 @@ def test_outage_a_wait_resumes_and_a_keyed_cli_submit_makes_one_job(
 
     follower = threading.Thread(target=follow)
     follower.start()
+    # an Airflow trigger (as the triggerer runs it) and a Prefect wait poll the same job
+    waiters = {"trigger": _trigger_waits, "prefect": _prefect_waits}
+    results: dict[str, Any] = {}
+    threads = [threading.Thread(target=fn, args=(running, results)) for fn in waiters.values()]
+    for t in threads:
+        t.start()
     key = f"outage-{os.getpid()}"
     argv = [sys.executable, "-m", "core.cli", "run", "-s", "slurm", "--idempotency-key", key,
             "--", "/bin/echo", "keyed"]  # fmt: skip
@@ -329,6 +335,14 @@ def test_outage_a_wait_resumes_and_a_keyed_cli_submit_makes_one_job(
     assert "error" not in waited, waited
     status = waited["status"]
     assert status is not None and status.state == AppState.SUCCEEDED
+    for t in threads:
+        t.join(timeout=600)
+    trigger_event = results["trigger"]
+    assert trigger_event.payload["status"] == "success", trigger_event.payload
+    assert trigger_event.payload["log_lines"] == 1  # ("done": read once, after the outage)
+    prefect_status = results["prefect"]
+    assert not isinstance(prefect_status, BaseException), prefect_status
+    assert prefect_status.state == AppState.SUCCEEDED
     assert runner.wait(handle, timeout=120) is not None
     final = runner.status(handle)
     assert final is not None and final.state == AppState.SUCCEEDED
@@ -446,3 +460,30 @@ def _wait_into(runner: Runner, handle: str, out: dict[str, Any], warnings: _Warn
         out["error"] = e
     finally:
         logger.removeHandler(warnings)
+
+
+def _trigger_waits(handle: str, out: dict[str, Any]) -> None:
+    """The first event of the Airflow provider's trigger on ``handle``, as a triggerer runs it."""
+    import asyncio
+
+    from airflow_provider.triggers import ShipyardJobTrigger
+
+    async def first_event() -> Any:
+        trigger = ShipyardJobTrigger(handle, poll_interval=0.5, stream_logs=True)
+        return await anext(trigger.run())
+
+    try:
+        out["trigger"] = asyncio.run(first_event())
+    except BaseException as e:  # noqa: BLE001 - looked at by the test
+        out["trigger"] = e
+
+
+def _prefect_waits(handle: str, out: dict[str, Any]) -> None:
+    """The Prefect task ``wait_for_job``'s answer on ``handle`` (its function, as a worker's
+    flow run calls it)."""
+    from prefect_tasks.tasks import wait_for_job
+
+    try:
+        out["prefect"] = wait_for_job.fn(handle, poll_interval=0.5, cancel_check_interval=None)
+    except BaseException as e:  # noqa: BLE001 - looked at by the test
+        out["prefect"] = e
