@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast stress setup services lint sizes bench
+.PHONY: demo test test-fast stress soak setup services lint sizes bench
 
 demo:          ## run the demo on the embedded local scheduler, Airflow's SQLite and Prefect's temporary server
 	bash scripts/demo.sh
@@ -13,6 +13,9 @@ test-fast:     ## no services: lint, types and the unit tier (tests/unit: pure m
 
 stress:        ## the stress tier alone, scaled up (SHIPYARD_STRESS_SCALE, default here 5); make test runs it at scale 1
 	SHIPYARD_STRESS_SCALE=$${SHIPYARD_STRESS_SCALE:-5} .venv/bin/pytest tests/stress -s
+
+soak:          ## the soak of issue 30 (needs the services; not in make test): 10 min of Airflow, Prefect and CLI load, a service restarted every 2 min, every job checked (figures: docs/reliability.md)
+	.venv/bin/python -m tests.soak.soak --minutes 10
 
 setup:
 	bash scripts/setup.sh

@@ -1,0 +1,123 @@
+"""The Prefect part of the soak: flow runs of a deployment on the ``shipyard`` pool (the
+``logged_lines`` flow: numbered lines through the run's logger), started through the API and
+run by the Shipyard worker, each checked for its state, its one job and each line once."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from tests.deploy.prefect.prefect_api import FINAL, STATE_DIR, FlowRun, deploy
+from tests.deploy.prefect.test_faults_prefect import run_logs
+from tests.helpers import wait_until
+from tests.soak.common import Outcome, Plan, local_apps, retrying, wait_for
+
+#: lines a run logs, one every EVERY seconds
+LINES, EVERY = 40, 0.5
+FULL = 50
+
+
+def expected(tag: str) -> list[str]:
+    return [f"{tag} line {i}" for i in range(LINES)] + [f"{tag} end {LINES}"]
+
+
+def start_run(deployment: str, params: dict[str, Any]) -> FlowRun:
+    """Starts a run through the API, keyed by its tag: a retry after a lost answer gets the
+    same run."""
+    from prefect.deployments import run_deployment
+
+    key = str(params["tag"])
+    run = run_deployment(uuid.UUID(deployment), parameters=params, timeout=0, idempotency_key=key)
+    return FlowRun(run.id)  # type: ignore[union-attr]
+
+
+def submit_all(plan: Plan, runs: list[tuple[Outcome, FlowRun | None]]) -> None:
+    """Deploys the flow once, then starts the soak's flow runs spread over its window."""
+    deployment = retrying(
+        lambda: deploy("logged_lines", {"scheduler": "local_cwd"}), 180, "deploying the flow"
+    )
+    n = plan.count(FULL)
+    gate = plan.workdir / "never-opened"
+    for i in range(n):
+        wait_for(plan.at(i, n) + plan.window / n / 2)
+        tag = f"{plan.tag}p{i}"
+        outcome = Outcome("prefect-flow-run", tag, "COMPLETED")
+        params = {"tag": tag, "gate": str(gate), "every": EVERY, "limit": LINES}
+        try:
+            run = retrying(lambda: start_run(deployment, params), 180, f"starting {tag}")  # noqa: B023
+        except RuntimeError as e:
+            outcome.fail(str(e))
+            run = None
+        runs.append((outcome, run))
+
+
+def final_state(run: FlowRun, timeout: float) -> str:
+    def ended() -> str | None:
+        try:
+            state = run.state()
+        except Exception:
+            return None
+        return state if state in FINAL else None
+
+    return str(wait_until(ended, timeout, f"flow run {run.id} to end", max_delay=2.0))
+
+
+def numbered(run: FlowRun, tag: str) -> list[str]:
+    return [m for _, m in run_logs(run) if m.startswith(f"{tag} ")]
+
+
+def check(outcome: Outcome, run: FlowRun, apps: dict[str, list[dict[str, Any]]]) -> None:
+    """Checks one ended run: completed, one engine start, one submit, one job, lines once."""
+    if outcome.state != outcome.expected:
+        outcome.fail(f"flow run {run.id} {outcome.state}")
+    want = expected(outcome.name)
+    try:  # the last logs may reach the server just after the final state
+        wait_until(lambda: numbered(run, outcome.name)[-1:] == want[-1:], 60, "the last line")
+    except AssertionError:
+        pass
+    got = numbered(run, outcome.name)
+    outcome.lines = len(got)
+    if got != want:
+        outcome.fail(f"{len(got)} lines, not {len(want)} once each in order: {got[:3]}..")
+    messages = [m for _, m in run_logs(run)]
+    starts = sum(m.startswith("Beginning flow run") for m in messages)
+    submits = [m for m in messages if m.startswith("Shipyard job ") and " (idempotency key " in m]
+    if starts != 1 or len(submits) != 1:
+        outcome.fail(f"{starts} engine starts, {len(submits)} submits: {submits}")
+    flow_run = run.read()
+    outcome.handle = str(flow_run.infrastructure_pid)
+    jobs = apps.get(flow_run.name, [])
+    if [a["app_handle"] for a in jobs] != [outcome.handle]:
+        outcome.fail(f"jobs of {flow_run.name}: {jobs} (run's job {outcome.handle})")
+    elif jobs[0]["state"] != "SUCCEEDED":
+        outcome.fail(f"job {outcome.handle} {jobs[0]['state']}")
+
+
+def by_name(plan: Plan, names: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """The worker's local jobs of these flow runs (app ids start with the run's name)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for app in local_apps(STATE_DIR, plan.workdir):
+        name = str(app["app_id"]).rsplit("-", 1)[0]
+        if name in names:
+            found.setdefault(name, []).append(app)
+    return found
+
+
+def check_all(plan: Plan, runs: list[tuple[Outcome, FlowRun | None]]) -> list[Outcome]:
+    """Waits for every run to end, then checks each."""
+    started = [(o, r) for o, r in runs if r is not None]
+    for outcome, run in started:
+        try:
+            outcome.state = retrying(lambda: final_state(run, 900), 60, "reading the run")  # noqa: B023
+        except RuntimeError as e:
+            outcome.fail(str(e))
+    names = {retrying(lambda: r.read().name, 60, "reading the run") for _, r in started}  # noqa: B023
+    apps = retrying(lambda: by_name(plan, names), 60, "listing the worker's jobs")
+    for outcome, run in started:
+        if outcome.state == "?":
+            continue
+        try:
+            check(outcome, run, apps)
+        except Exception as e:
+            outcome.fail(f"checking it: {type(e).__name__}: {e}")
+    return [o for o, _ in runs]
