@@ -4,11 +4,10 @@ substituted and ``$SHIPYARD_ARRAY_*`` set). Validated whole before anything star
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ShipyardError, short_repr
@@ -47,7 +46,7 @@ class ArraySpecError(ShipyardError, ValueError):
     """An array's arguments are invalid (the message names the argument)."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ArraySpec:
     """An array's elements and cap: ``params`` is None for a ``size`` array."""
 
@@ -148,7 +147,7 @@ def _check_macros(app: AppDef, spec: ArraySpec) -> None:
 def element_app(app: AppDef, spec: ArraySpec, index: int, array_id: str) -> AppDef:
     """The app element ``index`` runs: macros substituted, ``$SHIPYARD_ARRAY_*`` set."""
     params = spec.params[index] if spec.params is not None else None
-    out = copy.deepcopy(app)
+    out = _with_own_roles(app)
     for role in out.roles:
         where = f"role {role.name!r}"
         role.args = [_substitute(a, index, params, f"args of {where}") for a in role.args]
@@ -174,7 +173,7 @@ def array_template(
     with ``${params.NAME}`` becomes the placeholder :func:`value_macro` ``(n)``, whose value in
     element ``i`` is ``values[n][i]``; ``${array_index}`` stays, for the backend to fill in at
     run time. ``$SHIPYARD_ARRAY_*`` are set as :func:`element_app` sets them."""
-    out = copy.deepcopy(app)
+    out = _with_own_roles(app)
     values: list[dict[int, str]] = []
 
     def per_element(text: str, where: str) -> str:
@@ -193,6 +192,12 @@ def array_template(
             values.append({i: json.dumps(spec.params[i], separators=(",", ":")) for i in indices})
             role.env[PARAMS_ENV] = value_macro(len(values) - 1)
     return out, values
+
+
+def _with_own_roles(app: AppDef) -> AppDef:
+    """A copy of ``app`` whose roles may get new args and env (what the elements change; the
+    rest is shared: a deep copy of each element's app was most of a 1,000-element submit)."""
+    return dataclasses.replace(app, roles=[dataclasses.replace(r) for r in app.roles])
 
 
 def _element_params(spec: ArraySpec, index: int) -> dict[str, Any] | None:

@@ -197,6 +197,13 @@ def expand_task_ids(text: str) -> list[int]:
 
 def task_ranges(indices: list[int]) -> str:
     """The inverse of :func:`expand_task_ids` (without a cap): ``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    n = len(indices)
+    if (
+        n > 1
+        and indices[-1] - indices[0] == n - 1
+        and indices == list(range(indices[0], n + indices[0]))
+    ):
+        return f"{indices[0]}-{indices[-1]}"  # (a whole array: its first submission)
     out: list[str] = []
     run: list[int] = []
     for i in sorted(set(indices)):
