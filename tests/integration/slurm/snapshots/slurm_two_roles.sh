@@ -14,6 +14,17 @@ export PYTHONUNBUFFERED=1
 export SLURM_UNBUFFEREDIO=1
 # the node of rank 0 (trainer-0: het component 1; a job of one component is not heterogeneous)
 export SHIPYARD_RANK0_HOST="${SLURM_JOB_NODELIST_HET_GROUP_1:-$SLURM_JOB_NODELIST}"
+# a first attempt starts clean: an earlier job of this id may have left files here
+if [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ]; then
+    rm -rf "$PWD/shipyard-results-$SLURM_JOB_ID" "$PWD/shipyard-retries-$SLURM_JOB_ID"
+    : >slurm-"$SLURM_JOB_ID"-ps-0.out
+    : >slurm-"$SLURM_JOB_ID"-ps-0.err
+    : >slurm-"$SLURM_JOB_ID"-trainer-0.out
+    : >slurm-"$SLURM_JOB_ID"-trainer-0.err
+    : >slurm-"$SLURM_JOB_ID"-trainer-1.out
+    : >slurm-"$SLURM_JOB_ID"-trainer-1.err
+    [ ! -e "$PWD/shipyard-checkpoint-$SLURM_JOB_ID" ] || mv -T "$PWD/shipyard-checkpoint-$SLURM_JOB_ID" "$PWD/shipyard-checkpoint-$SLURM_JOB_ID.earlier-$(date +%s)"
+fi
 # results ($SHIPYARD_RESULT_FILE) and a memory sample every second (sacct MaxRSS)
 export SHIPYARD_RESULT_DIR="$PWD/shipyard-results-$SLURM_JOB_ID"
 mkdir -p "$SHIPYARD_RESULT_DIR"
