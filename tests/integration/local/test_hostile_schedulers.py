@@ -253,9 +253,11 @@ def test_slurm_script_passes_every_value_to_srun_verbatim(
     for k, comp in enumerate(comps):
         _check_component(comp, srun_env, role, k, tmp_path)
     assert not Path("/tmp/sy-canary").exists()
-    # (and the job's result and checkpoint directories, which the script makes)
+    # (and the job's result and checkpoint directories and its replicas' logs, which the
+    # script makes)
     made = {"srun.argv", "srun.argv.env", "exec.argv", "exec.argv.env", "shipyard-results-4242",
             "shipyard-checkpoint-4242"}  # fmt: skip
+    made |= {f"slurm-4242-w-{k}.{ext}" for k in range(replicas) for ext in ("out", "err")}
     assert {p.name for p in tmp_path.iterdir()} <= made, "files created"
 
 
