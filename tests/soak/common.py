@@ -31,6 +31,8 @@ class Outcome:
     lines: int = 0
     tries: int = 1
     failures: list[str] = field(default_factory=list)
+    #: what went wrong outside Shipyard (reported, not a failure of the soak)
+    notes: list[str] = field(default_factory=list)
 
     def fail(self, why: str) -> None:
         self.failures.append(why)

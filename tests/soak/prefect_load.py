@@ -10,7 +10,7 @@ from typing import Any
 from tests.deploy.prefect.prefect_api import FINAL, STATE_DIR, FlowRun, deploy
 from tests.deploy.prefect.test_faults_prefect import run_logs
 from tests.helpers import wait_until
-from tests.soak.common import Outcome, Plan, local_apps, retrying, wait_for
+from tests.soak.common import Outcome, Plan, local_apps, retrying, shipyard, wait_for
 
 #: lines a run logs, one every EVERY seconds
 LINES, EVERY = 40, 0.5
@@ -66,31 +66,57 @@ def numbered(run: FlowRun, tag: str) -> list[str]:
     return [m for _, m in run_logs(run) if m.startswith(f"{tag} ")]
 
 
-def check(outcome: Outcome, run: FlowRun, apps: dict[str, list[dict[str, Any]]]) -> None:
-    """Checks one ended run: completed, one engine start, one submit, one job, lines once."""
-    if outcome.state != outcome.expected:
-        outcome.fail(f"flow run {run.id} {outcome.state}")
+def job_output(handle: str, plan: Plan) -> list[str]:
+    """The messages the flow's engine printed (its job's output, from the backend)."""
+    proc = shipyard(["log", handle], STATE_DIR, plan.workdir)
+    return [line.split(" - ", 1)[1] for line in proc.stdout.splitlines() if " - " in line]
+
+
+def subsequence(got: list[str], want: list[str]) -> bool:
+    it = iter(want)
+    return all(line in it for line in got)
+
+
+def check_lines(outcome: Outcome, run: FlowRun, plan: Plan) -> None:
+    """Each line once, in order, in the job's output (Shipyard's part); in the run's logs the
+    API has, lines may be missing only (Prefect's log handler drops a batch the server refused)."""
     want = expected(outcome.name)
+    output = job_output(outcome.handle, plan)
+    got = [m for m in output if m.startswith(f"{outcome.name} ")]
+    outcome.lines = len(got)
+    if got != want:
+        outcome.fail(f"job output: {len(got)} lines, not {len(want)} once each: {got[:3]}..")
+    if sum(m.startswith("Beginning flow run") for m in output) != 1:
+        outcome.fail("not one engine start in the job's output")
     try:  # the last logs may reach the server just after the final state
         wait_until(lambda: numbered(run, outcome.name)[-1:] == want[-1:], 60, "the last line")
     except AssertionError:
         pass
-    got = numbered(run, outcome.name)
-    outcome.lines = len(got)
-    if got != want:
-        outcome.fail(f"{len(got)} lines, not {len(want)} once each in order: {got[:3]}..")
-    messages = [m for _, m in run_logs(run)]
-    starts = sum(m.startswith("Beginning flow run") for m in messages)
-    submits = [m for m in messages if m.startswith("Shipyard job ") and " (idempotency key " in m]
-    if starts != 1 or len(submits) != 1:
-        outcome.fail(f"{starts} engine starts, {len(submits)} submits: {submits}")
+    logged = numbered(run, outcome.name)
+    if logged != want and subsequence(logged, want) and len(set(logged)) == len(logged):
+        outcome.notes.append(f"the run's API logs miss {len(want) - len(logged)} of its lines")
+    elif logged != want:
+        outcome.fail(f"API logs: {len(logged)} lines, repeated or out of order: {logged[:3]}..")
+
+
+def check(
+    outcome: Outcome, run: FlowRun, apps: dict[str, list[dict[str, Any]]], plan: Plan
+) -> None:
+    """Checks one ended run: completed, one submit, one job, its lines once."""
+    if outcome.state != outcome.expected:
+        outcome.fail(f"flow run {run.id} {outcome.state}")
     flow_run = run.read()
     outcome.handle = str(flow_run.infrastructure_pid)
+    messages = [m for _, m in run_logs(run)]
+    submits = [m for m in messages if m.startswith("Shipyard job ") and " (idempotency key " in m]
+    if len(submits) != 1:
+        outcome.fail(f"{len(submits)} submits: {submits}")
     jobs = apps.get(flow_run.name, [])
     if [a["app_handle"] for a in jobs] != [outcome.handle]:
         outcome.fail(f"jobs of {flow_run.name}: {jobs} (run's job {outcome.handle})")
     elif jobs[0]["state"] != "SUCCEEDED":
         outcome.fail(f"job {outcome.handle} {jobs[0]['state']}")
+    check_lines(outcome, run, plan)
 
 
 def by_name(plan: Plan, names: set[str]) -> dict[str, list[dict[str, Any]]]:
@@ -117,7 +143,7 @@ def check_all(plan: Plan, runs: list[tuple[Outcome, FlowRun | None]]) -> list[Ou
         if outcome.state == "?":
             continue
         try:
-            check(outcome, run, apps)
+            check(outcome, run, apps, plan)
         except Exception as e:
             outcome.fail(f"checking it: {type(e).__name__}: {e}")
     return [o for o, _ in runs]

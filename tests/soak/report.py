@@ -54,6 +54,7 @@ def summary(
 ) -> str:
     failures = [f"- {o.kind} {o.name} {o.handle}: {'; '.join(o.failures)}" for o in outcomes
                 if o.failures]  # fmt: skip
+    notes = [f"- {o.kind} {o.name} {o.handle}: {'; '.join(o.notes)}" for o in outcomes if o.notes]
     lines = [
         f"Soak {plan.tag}, started {began:%Y-%m-%d %H:%M} UTC: {plan.minutes:g} min of load"
         f" (scale {plan.scale:g}), a restart every {plan.every:g} s; {elapsed / 60:.1f} min"
@@ -70,5 +71,8 @@ def summary(
         "",
         f"Failures: {len(failures)}" + (":" if failures else "."),
         *failures[:60],
+        "",
+        f"Outside Shipyard (noted, not failures): {len(notes)}" + (":" if notes else "."),
+        *notes[:60],
     ]
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ running and returns once the service answers)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -121,7 +122,7 @@ ROTATION: list[tuple[str, Callable[[], None]]] = [
 def restart(index: int, started: float, tag: str) -> Restart:
     """Restarts the ``index``-th service of the rotation; never raises (errors are recorded)."""
     name, fn = ROTATION[index % len(ROTATION)]
-    replicas = sum(cmd.startswith("sh -c :") for _, cmd in live_processes(tag))
+    replicas = sum(bool(re.match(r"\S*sh -c : ", cmd)) for _, cmd in live_processes(tag))
     record = Restart(name, time.monotonic() - started, replicas=replicas)
     t0 = time.monotonic()
     try:
