@@ -44,6 +44,11 @@ def _write_json(path: str, data: Any) -> None:
         raise
 
 
+def _numbered(array: str, elements: list[list[Any]]) -> bool:
+    """Whether ``elements`` are ``[i, "<array>_<i>"]`` for i = 0, 1, 2..."""
+    return all(e[0] == i and e[1] == f"{array}_{i}" for i, e in enumerate(elements))
+
+
 def _read_json(path: str) -> Any:
     try:
         with open(path) as f:
@@ -101,13 +106,21 @@ class ArrayDir:
 
     def write_native(self, n: int, record: dict[str, Any]) -> None:
         """Records the ``n``-th submission of a native array (``array``: its app id;
-        ``elements``: each element's, by index)."""
+        ``elements``: each element's, by index). Elements 0..N-1 whose ids are
+        ``<array>_<index>`` (a Slurm array's first submission) are kept as their count."""
+        array, elements = record["array"], record["elements"]
+        if _numbered(array, elements):
+            record = {**record, "elements": len(elements)}
         _write_json(self._file(f"native-{n}.json"), record)
 
     def native(self, n: int) -> dict[str, Any] | None:
         """The ``n``-th native submission (from 1), or None."""
         data = _read_json(self._file(f"native-{n}.json"))
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return None
+        if isinstance(data.get("elements"), int):
+            data["elements"] = [[i, f"{data['array']}_{i}"] for i in range(data["elements"])]
+        return data
 
     def natives(self) -> list[dict[str, Any]]:
         """The native submissions recorded so far, first first (see :meth:`write_native`)."""
