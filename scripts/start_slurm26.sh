@@ -205,7 +205,9 @@ log "Slurm $VERSION cluster $CLUSTER ready: SLURM_CONF=$SLURM_CONF, REST on http
 
 # the same cluster through each transport, beside the 22.05 ones in the clusters file of
 # start_slurm_remote.sh (run first): local26 (this host's 26.05 commands), ssh26 (the login
-# node), rest26 (slurmrestd); the commands are not on the login PATH (slurm_bin says where)
+# node), rest26 (slurmrestd); the commands are not on the login PATH (slurm_bin says where).
+# Jobs run in a directory of their own: the two clusters' job ids overlap, and a follower that
+# opens a job's log before the job starts would read the other cluster's job of that id.
 REMOTE=${SHIPYARD_REMOTE_DIR:-/var/lib/shipyard-remote}
 if [ -f "$REMOTE/clusters.yaml" ] && ! grep -q '^rest26:' "$REMOTE/clusters.yaml"; then
     home=$(getent passwd hpcuser | cut -d: -f6)
@@ -222,7 +224,7 @@ ssh26:
   user: hpcuser
   identity_file: $REMOTE/userkey
   known_hosts: $REMOTE/known_hosts
-  remote_dir: $home/shipyard
+  remote_dir: $home/shipyard26
   slurm_bin: $PREFIX/bin
 rest26:
   transport: rest
@@ -233,7 +235,7 @@ rest26:
   port: 2222
   identity_file: $REMOTE/userkey
   known_hosts: $REMOTE/known_hosts
-  remote_dir: $home/shipyard
+  remote_dir: $home/shipyard26
   slurm_bin: $PREFIX/bin
 YAML
     log "clusters local26, ssh26, rest26 added to $REMOTE/clusters.yaml"

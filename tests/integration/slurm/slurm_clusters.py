@@ -133,7 +133,9 @@ class Cluster:
 
     @property
     def remote_dir(self) -> str:
-        return os.path.join(pwd.getpwnam(REMOTE_USER).pw_dir, "shipyard")
+        """The cluster's ``remote_dir`` (each release its own: their job ids overlap)."""
+        name = "shipyard26" if self.release == "26.05" else "shipyard"
+        return os.path.join(pwd.getpwnam(REMOTE_USER).pw_dir, name)
 
     def submit(self, app: AppDef, cfg: dict[str, Any] | None = None, **kw: Any) -> str:
         app_id = self.sched.submit(app, self.cfg(cfg), **kw)
