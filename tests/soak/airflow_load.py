@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.deploy.airflow.airflow_api import FINISHED_RUN, STATE_DIR, AirflowAPI, Run
-from tests.helpers import wait_until
-from tests.soak.common import Outcome, Plan, counted, local_apps, retrying, wait_for
+from tests.soak.common import Outcome, Plan, counted, final_state, local_apps, retrying, wait_for
 
 DAG = "shipyard_deploy_deferrable"
 #: lines per replica, one every EVERY seconds (about 40 s a job)
@@ -55,19 +54,6 @@ def submit_all(plan: Plan, runs: list[tuple[Outcome, Run | None]]) -> None:
         runs.append((outcome, run))
 
 
-def final_state(run: Run, timeout: float) -> str:
-    """The run's final state (the API may not answer for a moment: asked again)."""
-
-    def ended() -> str | None:
-        try:
-            state = run.state()
-        except Exception:
-            return None
-        return state if state in FINISHED_RUN else None
-
-    return str(wait_until(ended, timeout, f"run {run.run_id} to end", max_delay=2.0))
-
-
 def check(outcome: Outcome, run: Run, apps: dict[str, list[dict[str, Any]]]) -> None:
     """Checks one ended run: success, one submit over all its tries, one job, its lines once."""
     if outcome.state != outcome.expected:
@@ -110,7 +96,7 @@ def check_all(plan: Plan, runs: list[tuple[Outcome, Run | None]]) -> list[Outcom
     for outcome, run in runs:
         if run is not None:
             try:
-                outcome.state = final_state(run, 900)
+                outcome.state = final_state(run.state, FINISHED_RUN, f"run {run.run_id}", 900)
             except AssertionError as e:
                 outcome.fail(str(e))
     apps = retrying(lambda: by_name(plan), 60, "listing the deployment's jobs")

@@ -8,12 +8,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 
 T = TypeVar("T")
 PYTHON = sys.executable
@@ -121,3 +121,19 @@ def counted(lines: int, every: float) -> str:
         f'for i in $(seq 1 {lines}); do echo "line $i of replica ${{replica_id}}"; '
         f"sleep {every}; done"
     )
+
+
+def final_state(
+    state: Callable[[], str], finals: Collection[str], what: str, timeout: float
+) -> str:
+    """``state()`` once it is one of ``finals`` (an API that does not answer for a moment, as
+    while its service restarts, is asked again)."""
+
+    def ended() -> str | None:
+        try:
+            now = state()
+        except Exception:
+            return None
+        return now if now in finals else None
+
+    return str(wait_until(ended, timeout, f"{what} to end", max_delay=2.0))

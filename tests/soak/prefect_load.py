@@ -4,13 +4,22 @@ run by the Shipyard worker, each checked for its state, its one job and each lin
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
 from tests.deploy.prefect.prefect_api import FINAL, STATE_DIR, FlowRun, deploy
 from tests.deploy.prefect.test_faults_prefect import run_logs
 from tests.helpers import wait_until
-from tests.soak.common import Outcome, Plan, local_apps, retrying, shipyard, wait_for
+from tests.soak.common import (
+    Outcome,
+    Plan,
+    final_state,
+    local_apps,
+    retrying,
+    shipyard,
+    wait_for,
+)
 
 #: lines a run logs, one every EVERY seconds
 LINES, EVERY = 40, 0.5
@@ -49,17 +58,6 @@ def submit_all(plan: Plan, runs: list[tuple[Outcome, FlowRun | None]]) -> None:
             outcome.fail(str(e))
             run = None
         runs.append((outcome, run))
-
-
-def final_state(run: FlowRun, timeout: float) -> str:
-    def ended() -> str | None:
-        try:
-            state = run.state()
-        except Exception:
-            return None
-        return state if state in FINAL else None
-
-    return str(wait_until(ended, timeout, f"flow run {run.id} to end", max_delay=2.0))
 
 
 def numbered(run: FlowRun, tag: str) -> list[str]:
@@ -134,7 +132,11 @@ def check_all(plan: Plan, runs: list[tuple[Outcome, FlowRun | None]]) -> list[Ou
     started = [(o, r) for o, r in runs if r is not None]
     for outcome, run in started:
         try:
-            outcome.state = retrying(lambda: final_state(run, 900), 60, "reading the run")  # noqa: B023
+            outcome.state = retrying(
+                functools.partial(final_state, run.state, FINAL, f"flow run {run.id}", 900),
+                60,
+                "reading the run",
+            )
         except RuntimeError as e:
             outcome.fail(str(e))
     names = {retrying(lambda: r.read().name, 60, "reading the run") for _, r in started}  # noqa: B023
