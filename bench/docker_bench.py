@@ -27,7 +27,7 @@ LABEL_SESSION = "shipyard.session"
 SESSION = "benchdocker"
 
 
-def _problem() -> str | None:
+def problem() -> str | None:
     try:
         import docker
     except ImportError:
@@ -46,7 +46,7 @@ def _problem() -> str | None:
     return None
 
 
-def _app(name: str, args: list[str], n: int = 1, mounts: list[Any] | None = None) -> Any:
+def make_app(name: str, args: list[str], n: int = 1, mounts: list[Any] | None = None) -> Any:
     from core.specs import AppDef, Role
 
     return AppDef(
@@ -93,9 +93,9 @@ ROWS: list[tuple[str, Target | None, str]] = [
 
 def run(ctx: Ctx) -> list[Row]:
     sec = Section("docker", ctx.runs, ctx.verbose)
-    problem = _problem()
-    if problem:
-        sec.skip_all(problem, ROWS)
+    why = problem()
+    if why:
+        sec.skip_all(why, ROWS)
         return sec.rows
 
     import docker
@@ -115,7 +115,7 @@ def run(ctx: Ctx) -> list[Row]:
     for n, target in ((1, ratio(1.1)), (8, ratio(0.7))):
 
         def submit_row(row: Row, n: int = n) -> None:
-            app = _app("bdsub", ["sleep", "600"], n)
+            app = make_app("bdsub", ["sleep", "600"], n)
 
             def shipyard() -> float:
                 t0 = time.perf_counter()
@@ -150,7 +150,7 @@ def run(ctx: Ctx) -> list[Row]:
         sec.measure(sec.row(name, target, raw_name=raw_name), submit_row)
 
     # -- describe / list -----------------------------------------------------------------------
-    h = runner.run(_app("bddesc", ["sleep", "600"], 8), "local_docker", cfg)
+    h = runner.run(make_app("bddesc", ["sleep", "600"], 8), "local_docker", cfg)
     app_id = h.rsplit("/", 1)[1]
     try:
         wait_for(lambda: _state(sched.describe(app_id)) == AppState.RUNNING, 30, "RUNNING")
@@ -197,7 +197,7 @@ def run(ctx: Ctx) -> list[Row]:
     # -- cancel --------------------------------------------------------------------------------
     def cancel_row(row: Row) -> None:
         # `trap '' TERM` also makes the sleeps ignore SIGTERM: only SIGKILL after the grace ends it
-        app = _app("bdcancel", ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"], 8)
+        app = make_app("bdcancel", ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"], 8)
 
         def shipyard() -> float:
             h = runner.run(app, "local_docker", cfg)
@@ -251,7 +251,7 @@ def run(ctx: Ctx) -> list[Row]:
     expected = ctx.log_lines()
     src = ctx.log_file()
     h = runner.run(
-        _app("bdlog", ["cat", "/data/lines.txt"],
+        make_app("bdlog", ["cat", "/data/lines.txt"],
              mounts=[BindMount(src_path=src, dst_path="/data/lines.txt", read_only=True)]),
         "local_docker", cfg,
     )  # fmt: skip

@@ -39,7 +39,7 @@ ARRAY_CAP = 8
 CLI = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo")
 
 
-def _problem() -> str | None:
+def problem() -> str | None:
     if not shutil.which("sinfo"):
         return "Slurm is not installed"
     try:
@@ -92,7 +92,7 @@ def _array_submit_row(ctx: Ctx, sec: Section, runner: Any, sched: Any) -> None:
     from core.arrays.spec import array_template, make_spec
     from core.specs import parse_app_handle
 
-    app = _app("bsarr", ["sh", "-c", "sleep 600 # ${array_index}"])
+    app = make_app("bsarr", ["sh", "-c", "sleep 600 # ${array_index}"])
 
     def shipyard() -> float:
         t0 = time.perf_counter()
@@ -115,9 +115,9 @@ def _array_submit_row(ctx: Ctx, sec: Section, runner: Any, sched: Any) -> None:
         req.array, req.array_values = f"0-{N_ARRAY - 1}%{ARRAY_CAP}", values
         script = req.materialize()  # the same script
         t0 = time.perf_counter()
-        job = _sbatch(script)
+        job = sbatch(script)
         dt = time.perf_counter() - t0
-        _scancel([job])
+        scancel([job])
         return dt
 
     def measure(row: Row) -> None:
@@ -137,13 +137,13 @@ def _array_submit_row(ctx: Ctx, sec: Section, runner: Any, sched: Any) -> None:
     )
 
 
-def _app(name: str, args: list[str], n: int = 1) -> Any:
+def make_app(name: str, args: list[str], n: int = 1) -> Any:
     from core.specs import AppDef, Role
 
     return AppDef(name, [Role("r", entrypoint=args[0], args=args[1:], num_replicas=n)])
 
 
-def _sbatch(script: str, *extra: str) -> str:
+def sbatch(script: str, *extra: str) -> str:
     p = subprocess.run(["sbatch", "--parsable", *extra], input=script, capture_output=True,
                        text=True, check=False)  # fmt: skip
     if p.returncode != 0:
@@ -151,7 +151,7 @@ def _sbatch(script: str, *extra: str) -> str:
     return p.stdout.strip().split(";")[0]
 
 
-def _scancel(ids: list[str]) -> None:
+def scancel(ids: list[str]) -> None:
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, check=False)
 
@@ -173,9 +173,9 @@ ROWS: list[tuple[str, Target | None, str]] = [
 
 def run(ctx: Ctx) -> list[Row]:
     sec = Section("slurm", ctx.runs, ctx.verbose)
-    problem = _problem()
-    if problem:
-        sec.skip_all(problem, ROWS)
+    why = problem()
+    if why:
+        sec.skip_all(why, ROWS)
         return sec.rows
     workdir = os.path.join(ctx.tmp, "slurm-jobs")
     os.makedirs(workdir, exist_ok=True)
@@ -209,21 +209,21 @@ def _run(ctx: Ctx, sec: Section) -> None:
     for n in (1, 3):
 
         def submit_row(row: Row, n: int = n) -> None:
-            app = _app("bssub", ["sleep", "600"], n)
+            app = make_app("bssub", ["sleep", "600"], n)
 
             def shipyard() -> float:
                 t0 = time.perf_counter()
                 h = runner.run(app, "slurm")
                 dt = time.perf_counter() - t0
-                _scancel([h.rsplit("/", 1)[1]])
+                scancel([h.rsplit("/", 1)[1]])
                 return dt
 
             def raw() -> float:
                 script = sched.submit_dryrun(app, {}).request.materialize()  # the same script
                 t0 = time.perf_counter()
-                job = _sbatch(script)
+                job = sbatch(script)
                 dt = time.perf_counter() - t0
-                _scancel([job])
+                scancel([job])
                 return dt
 
             fill(row, interleave({"shipyard": shipyard, "raw": raw}, ctx.runs * 2, warmup=1))
@@ -234,7 +234,7 @@ def _run(ctx: Ctx, sec: Section) -> None:
     _array_submit_row(ctx, sec, runner, sched)
 
     # -- describe one active job ---------------------------------------------------------------
-    h = runner.run(_app("bsdesc", ["sleep", "600"]), "slurm")
+    h = runner.run(make_app("bsdesc", ["sleep", "600"]), "slurm")
     job = h.rsplit("/", 1)[1]
     try:
         active = (AppState.PENDING, AppState.RUNNING, AppState.SUBMITTED)
@@ -273,7 +273,7 @@ def _run(ctx: Ctx, sec: Section) -> None:
             calls_row,
         )  # fmt: skip
     finally:
-        _scancel([job])
+        scancel([job])
 
     # -- describe a job the controller forgot ------------------------------------------------
     def forgotten_row(row: Row) -> None:
@@ -319,11 +319,11 @@ def _run(ctx: Ctx, sec: Section) -> None:
     def many_rows() -> None:
         # held jobs: active (PENDING) for as long as the row runs, without taking the cluster's
         # nodes from anyone else; submitted with shipyard's own script
-        script = sched.submit_dryrun(_app("bsmany", ["sleep", "600"]), {}).request.materialize()
+        script = sched.submit_dryrun(make_app("bsmany", ["sleep", "600"]), {}).request.materialize()
         jobs: list[str] = []
         try:
             for _ in range(N_HANDLES):
-                jobs.append(_sbatch(script, "--hold"))
+                jobs.append(sbatch(script, "--hold"))
             handles = [f"slurm://{SESSION}/{j}" for j in jobs]
 
             def calls(row: Row) -> None:
@@ -386,7 +386,7 @@ def _run(ctx: Ctx, sec: Section) -> None:
             )  # fmt: skip
         finally:
             for i in range(0, len(jobs), 50):
-                _scancel(jobs[i : i + 50])
+                scancel(jobs[i : i + 50])
 
     try:
         many_rows()
@@ -396,7 +396,7 @@ def _run(ctx: Ctx, sec: Section) -> None:
 
     # -- log_iter ------------------------------------------------------------------------------
     expected = ctx.log_lines()
-    h = runner.run(_app("bslog", ["cat", ctx.log_file()]), "slurm")
+    h = runner.run(make_app("bslog", ["cat", ctx.log_file()]), "slurm")
     job = h.rsplit("/", 1)[1]
     st = wait_for(
         lambda: (s := runner.status(h)) is not None and is_terminal(s.state) and s, 300, "log job"
