@@ -134,6 +134,12 @@ def run(ctx: Ctx) -> list[Row]:
             submit_row,
         )
 
+    sec.measure(
+        sec.row("start gate: every one of 32 replicas started", ratio(1.1),
+                raw_name="32 Popen + log files"),
+        lambda row: _gate_row(row, runner, ctx.runs, fresh_dir),
+    )  # fmt: skip
+
     # -- submit -> SUCCEEDED ----------------------------------------------------------------
     def succeeded_row(row: Row) -> None:
         app = _app("btrue", "true", [])
@@ -365,6 +371,45 @@ def run(ctx: Ctx) -> list[Row]:
 
 if __name__ == "__main__":
     sys.exit("run `python -m bench --only local`")
+
+
+def _stamps(paths: list[str]) -> list[int]:
+    out = []
+    for path in paths:
+        with open(path) as f:
+            out.append(int(f.read().split()[0]))
+    return out
+
+
+def _gate_row(row: Row, runner: Any, runs: int, fresh_dir: Any) -> None:
+    """From just before the submit until the last of 32 replicas has started its command (each
+    prints the time it started: ``date +%s%N``, read from its log once all ended), beside 32
+    ``Popen`` of the same command with their log files."""
+    from core.schedulers.local.appdir import AppDir
+
+    n, date = 32, shutil.which("date") or "/bin/date"
+    app = _app("bgate", date, ["+%s%N"], n)
+
+    def shipyard() -> float:
+        t0 = time.time_ns()
+        h = runner.run(app, "local_cwd")
+        st = runner.wait(h, wait_interval=0.01, timeout=60)
+        if st is None or st.state.name != "SUCCEEDED":
+            raise AssertionError(f"{h} ended {st}")
+        record = AppDir(*os.path.split(_app_dir(h.rsplit("/", 1)[1]))).read_record()
+        assert record is not None
+        return (max(_stamps([r.stdout for r in record.replicas])) - t0) / 1e9
+
+    def raw() -> float:
+        d = fresh_dir()
+        t0 = time.time_ns()
+        procs = _raw_popen([date, "+%s%N"], n, d)
+        for p in procs:
+            p.wait()
+        return (max(_stamps([os.path.join(d, f"{k}.stdout.log") for k in range(n)])) - t0) / 1e9
+
+    fill(row, interleave({"shipyard": shipyard, "raw": raw}, runs * 2, warmup=2))
+    row.note = "TorchX 0.7.0 was 1.3x Shipyard in the issue's run"
 
 
 def _square_dict(x: int) -> dict[str, int]:
