@@ -386,9 +386,10 @@ class LocalScheduler(Scheduler[PopenRequest]):
     def describe(self, app_id: str) -> DescribeAppResponse | None:
         """The app's state and every replica's status; None if there is no such app."""
         found = self._load(app_id)
-        if found is None:
-            return None
-        app, record = found
+        return None if found is None else self._describe(*found)
+
+    def _describe(self, app: AppDir, record: AppRecord) -> DescribeAppResponse | None:
+        app_id = app.app_id
         known = self._ended.get(app_id)
         if known is not None:
             resp = response(app_id, record, known[0], app)
@@ -455,10 +456,10 @@ class LocalScheduler(Scheduler[PopenRequest]):
         for name in names:
             loaded = self._load(name)
             if loaded is not None and loaded[1].backend == self.backend:
-                found.append((loaded[1].submit_time, name))
+                found.append((loaded[1].submit_time, name, loaded))
         out = []
-        for _, app_id in sorted(found, reverse=True):
-            desc = self.describe(app_id)
+        for _, app_id, loaded in sorted(found, key=lambda f: f[:2], reverse=True):
+            desc = self._describe(*loaded)  # (its record as read: the cache may hold fewer)
             if desc is not None:
                 out.append(ListAppResponse(app_id=app_id, state=desc.state))
         return out
