@@ -6,6 +6,9 @@
     python -m bench --runs 9              # runs per row (medians; fast paths repeat more)
     python -m bench --json out.json       # default: bench/results/latest.json
     python -m bench --markdown            # also print the table as Markdown (for the README)
+    python -m bench --peer                # also the optional `torchx` section: the workloads
+                                          # through TorchX 0.7.0 (own venv) beside Shipyard's
+                                          # (alone: --only torchx)
 
 Prints a table (``shipyard``, ``raw``, ``ratio``, ``target``, ``result``) and exits 1 when a row
 misses its target or fails to run; a backend whose service is not running is skipped.
@@ -31,7 +34,10 @@ SECTIONS = (
     "airflow",
     "prefect",
     "startup",
+    "torchx",
 )
+#: sections run only when asked for (``--only``, ``--peer``), not by default
+OPTIONAL = ("torchx",)
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
 
@@ -52,6 +58,8 @@ def _load(name: str) -> Callable[..., list]:  # type: ignore[type-arg]
         from bench import airflow_bench as m  # type: ignore[no-redef]
     elif name == "prefect":
         from bench import prefect_bench as m  # type: ignore[no-redef]
+    elif name == "torchx":
+        from bench import torchx_bench as m  # type: ignore[no-redef]
     else:
         from bench import startup_bench as m  # type: ignore[no-redef]
     return m.run
@@ -63,9 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="runs per row (>= 5; default 5)")
     p.add_argument("--json", default=DEFAULT_JSON, help="where to write the results")
     p.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    p.add_argument("--peer", action="store_true", help="also run the torchx section")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = p.parse_args(argv)
-    sections = [s.strip() for s in (args.only or ",".join(SECTIONS)).split(",") if s.strip()]
+    default = ",".join(s for s in SECTIONS if s not in OPTIONAL)
+    sections = [s.strip() for s in (args.only or default).split(",") if s.strip()]
+    if args.peer and "torchx" not in sections:
+        sections.append("torchx")
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         p.error(f"--only: unknown section(s) {unknown}; expected some of {list(SECTIONS)}")

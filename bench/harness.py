@@ -88,12 +88,22 @@ class Row:
     note: str = ""
     load: float | None = None  # 1-minute load average when the row started
     samples: dict[str, list[float]] = field(default_factory=dict)
+    # the same workload through another library (``--peer``); rows without one print as before
+    peer: float | None = None
+    peer_name: str = ""
 
     @property
     def ratio(self) -> float | None:
         if self.shipyard is None or not self.raw:
             return None
         return self.shipyard / self.raw
+
+    @property
+    def peer_ratio(self) -> float | None:
+        """shipyard / peer"""
+        if self.shipyard is None or not self.peer:
+            return None
+        return self.shipyard / self.peer
 
     def finish(self) -> Row:
         """Sets the status from the values and the target."""
@@ -122,6 +132,10 @@ class Row:
         d = asdict(self)
         d["target"] = self.target.text if self.target else None
         d["ratio"] = self.ratio
+        if self.peer_name:
+            d["peer_ratio"] = self.peer_ratio
+        else:
+            del d["peer"], d["peer_name"]
         return d
 
 
@@ -155,9 +169,10 @@ class Section:
         row.finish()
         if self.verbose:
             took = time.monotonic() - t0
+            peer = f", {row.peer_name} {row.fmt(row.peer)}" if row.peer_name else ""
             print(
                 f"  [{row.status:5}] {row.name}: {row.fmt(row.shipyard)} vs {row.fmt(row.raw)}"
-                f" ({took:.1f}s, load {row.load}){'  ' + row.note if row.note else ''}",
+                f"{peer} ({took:.1f}s, load {row.load}){'  ' + row.note if row.note else ''}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -261,8 +276,24 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def _peer_label(rows: list[Row]) -> str | None:
+    """The peer's name for the table's columns; None when no row has a peer."""
+    names = {r.peer_name for r in rows if r.peer_name}
+    return None if not names else names.pop() if len(names) == 1 else "peer"
+
+
+def _peer_cells(r: Row) -> list[str]:
+    if r.status == "SKIP":
+        return ["-", "-"]
+    rat = r.peer_ratio
+    return [r.fmt(r.peer), "-" if rat is None else f"{rat:.2f}x"]
+
+
 def table(rows: list[Row]) -> str:
     head = ["section", "path", "shipyard", "raw", "ratio", "target", "result"]
+    peer = _peer_label(rows)
+    if peer:  # (shipyard / peer)
+        head[5:5] = [peer, f"vs {peer}"]
     body = []
     for r in rows:
         rat = r.ratio
@@ -278,6 +309,8 @@ def table(rows: list[Row]) -> str:
                 result,
             ]
         )
+        if peer:
+            body[-1][5:5] = _peer_cells(r)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
     lines = [
         "  ".join(str(h).ljust(w) for h, w in zip(head, widths, strict=False)),
@@ -291,15 +324,19 @@ def table(rows: list[Row]) -> str:
 
 
 def markdown(rows: list[Row]) -> str:
+    peer = _peer_label(rows)
     out = [
-        "| section | path | shipyard | raw | ratio | target | result |",
-        "|---|---|---|---|---|---|---|",
+        "| section | path | shipyard | raw | ratio | "
+        + (f"{peer} | vs {peer} | " if peer else "")
+        + "target | result |",
+        "|---|---|---|---|---|" + ("---|---|" if peer else "") + "---|---|",
     ]
     for r in rows:
         rat = r.ratio
+        cells = " | ".join(_peer_cells(r)) + " | " if peer else ""
         out.append(
             f"| {r.section} | {r.name} | {r.fmt(r.shipyard)} | {r.fmt(r.raw)} | "
-            f"{'-' if rat is None else f'{rat:.2f}x'} | {r.target.text if r.target else '-'} | "
+            f"{'-' if rat is None else f'{rat:.2f}x'} | {cells}{r.target.text if r.target else '-'} | "
             f"{r.status}{' (' + r.note + ')' if r.note and r.status != 'PASS' else ''} |"
         )
     return "\n".join(out)
