@@ -2,7 +2,7 @@
 
     python -m bench                       # everything (skips backends whose service is missing)
     python -m bench --only local,startup  # some sections: local, arrays, docker, slurm, remote,
-                                          # containers, airflow, prefect, startup
+                                          # containers, airflow, prefect, startup, curves
     python -m bench --runs 9              # runs per row (medians; fast paths repeat more)
     python -m bench --json out.json       # default: bench/results/latest.json
     python -m bench --markdown            # also print the table as Markdown (for the README)
@@ -34,6 +34,7 @@ SECTIONS = (
     "airflow",
     "prefect",
     "startup",
+    "curves",
     "torchx",
 )
 #: sections run only when asked for (``--only``, ``--peer``), not by default
@@ -58,6 +59,8 @@ def _load(name: str) -> Callable[..., list]:  # type: ignore[type-arg]
         from bench import airflow_bench as m  # type: ignore[no-redef]
     elif name == "prefect":
         from bench import prefect_bench as m  # type: ignore[no-redef]
+    elif name == "curves":
+        from bench import curves_bench as m  # type: ignore[no-redef]
     elif name == "torchx":
         from bench import torchx_bench as m  # type: ignore[no-redef]
     else:
