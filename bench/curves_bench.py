@@ -103,9 +103,18 @@ def _worker(ctx: Ctx, *args: str, timeout: float = 1200) -> dict[str, Any]:
 
 def run(ctx: Ctx) -> list[Row]:
     sec = Section("curves", ctx.runs, ctx.verbose)
-    _local_list(ctx, sec)
-    _local_running(ctx, sec)
-    _logs(ctx, sec)
+    # local apps of their own: the counts are of this section's apps alone
+    old = os.environ.get("SHIPYARD_STATE_DIR")
+    os.environ["SHIPYARD_STATE_DIR"] = os.path.join(ctx.tmp, "curves-state")
+    try:
+        _local_list(ctx, sec)
+        _local_running(ctx, sec)
+        _logs(ctx, sec)
+    finally:
+        if old is None:
+            os.environ.pop("SHIPYARD_STATE_DIR", None)
+        else:
+            os.environ["SHIPYARD_STATE_DIR"] = old
     from bench import curves_remote
 
     curves_remote.docker_curves(ctx, sec)
@@ -171,7 +180,7 @@ def _local_running(ctx: Ctx, sec: Section) -> None:
     from core.schedulers.local_scheduler import state_dir
     from core.specs import AppDef, AppState, Role
 
-    app = AppDef("bcrun", [Role("r", entrypoint="sleep", args=["600"])])
+    app = AppDef("bcrun", [Role("r", entrypoint="sleep", args=["3600"])])
     submitter = get_runner(SESSION, cache_size=max(RUNNING) + 1)
     handles: list[str] = []
     root = state_dir()
@@ -186,6 +195,10 @@ def _local_running(ctx: Ctx, sec: Section) -> None:
     def point(n: int) -> Point:
         handles.extend(submitter.run(app, "local_cwd") for _ in range(n - len(handles)))
         ids = [h.rsplit("/", 1)[1] for h in handles]
+        # each running app gets its log collector process a moment after its submit: measured
+        # once they all run (idle), not while 1,000 Python processes start
+        locks = [os.path.join(root, i, "collector.lock") for i in ids]
+        wait_for(lambda: all(os.path.exists(p) for p in locks), 300, "every app's collector")
         watcher = get_runner(SESSION)
 
         def once() -> None:
@@ -210,6 +223,8 @@ def _local_running(ctx: Ctx, sec: Section) -> None:
         wait_for(lambda: all(s is not None and s.is_terminal()
                              for s in submitter.status_many(handles).values()),
                  120, "the running apps to end")  # fmt: skip
+        done = [os.path.join(root, h.rsplit("/", 1)[1], "logs_done") for h in handles]
+        wait_for(lambda: all(os.path.exists(p) for p in done), 300, "their collectors to end")
         submitter.close()
 
 

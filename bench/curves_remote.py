@@ -113,7 +113,7 @@ def _docker_running(ctx: Ctx, sec: Section, api: Any, runner: Any) -> None:
     from core.runner import get_runner
     from core.specs import AppState
 
-    app = docker_bench.make_app("bcrun", ["sleep", "600"])
+    app = docker_bench.make_app("bcrun", ["sleep", "3600"])
     handles: list[str] = []
     calls: dict[int, float] = {}
 
@@ -176,7 +176,7 @@ def slurm_curves(ctx: Ctx, sec: Section) -> None:
     workdir = os.path.join(ctx.tmp, "slurm-curves")
     os.makedirs(workdir, exist_ok=True)
     sched = get_scheduler_factories()["slurm"](SESSION)
-    script = sched.submit_dryrun(slurm_bench.make_app("bcheld", ["sleep", "600"]), {}).request
+    script = sched.submit_dryrun(slurm_bench.make_app("bcheld", ["sleep", "3600"]), {}).request
     text = script.materialize()
     counter = slurm_bench.CallCounter(ctx.tmp)
     jobs: list[str] = []

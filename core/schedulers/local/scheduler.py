@@ -81,6 +81,11 @@ _APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SWEEP_EVERY = 3600.0  # seconds between looks for apps past their retention
 
 
+#: records kept in memory at the least (a few KiB each): a watcher that polls more apps than
+#: it keeps would read and parse every record again on every look
+_RECORDS_KEPT = 10_000
+
+
 def state_dir() -> str:
     """The directory holding the local apps' state directories."""
     return apps_root()
@@ -379,7 +384,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
                 return None
             with self._lock:
                 self._records[app_id] = record
-                while len(self._records) > self._cache_size * 2:
+                while len(self._records) > max(self._cache_size * 2, _RECORDS_KEPT):
                     self._records.popitem(last=False)
         return app, record
 
