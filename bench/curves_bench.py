@@ -236,7 +236,7 @@ def _follow_rows(ctx: Ctx, sec: Section, handles: list[str]) -> None:
     def point(n: int) -> Point:
         with open(path, "w") as f:
             f.write("\n".join(handles[:n]))
-        ship = _worker(ctx, "follow-mem", path)
+        ship = _worker(ctx, "follow-mem", path, timeout=180)
         if ship["ended_early"]:
             raise AssertionError(f"{ship['ended_early']} watches ended while their apps ran")
         raw = _worker(ctx, "follow-mem-raw", str(n))
