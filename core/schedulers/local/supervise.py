@@ -59,41 +59,32 @@ def observe(
         obs.done = app.read_final()
         if obs.done is not None:
             return obs
-    _markers(obs, names)
-    everyone = list(range(len(record.replicas)))
-    up = _alive(record, alive, everyone)
-    if all(up):
-        # every wrapper runs: none has ended its replica (a wrapper records its code last, the
-        # scheduler only for one that is gone), so there are no exit codes to read yet
-        obs.running, obs.codes = everyone, [None] * len(everyone)
-        return obs
-    # read after the look at the processes: the exit code of a replica that ended, and a
-    # cancel's or a gang's marker (made before their signals), are at least as new as its end
+    obs.cancelled = AppDir.CANCELLED in names
+    obs.gang = AppDir.GANG in names
+    obs.timeout = AppDir.TIMEOUT in names
     recorded = app.exits()
-    _markers(obs, app.names() or names)
-    for g in everyone:
-        if up[g] and g not in recorded:
+    unknown = [g for g in range(len(record.replicas)) if g not in recorded]
+    if alive is None:
+        idents = identities(record)
+        states = [idents[g].alive() for g in unknown]
+    else:
+        states = alive(unknown)
+    running = {g for g, up in zip(unknown, states, strict=True) if up}
+    if len(running) < len(unknown):
+        # ended since the first look: its exit code, and a cancel's or a gang's marker (made
+        # before their signals), may be newer than what was read
+        recorded = app.exits()
+        obs.names = app.names() or names
+        obs.cancelled = AppDir.CANCELLED in obs.names
+        obs.gang = AppDir.GANG in obs.names
+        obs.timeout = AppDir.TIMEOUT in obs.names
+    for g in range(len(record.replicas)):
+        if g in running and g not in recorded:
             obs.running.append(g)
             obs.codes.append(None)
         else:
             obs.codes.append(recorded.get(g, LOST))
     return obs
-
-
-def _markers(obs: Observation, names: set[str]) -> None:
-    obs.names = names
-    obs.cancelled = AppDir.CANCELLED in names
-    obs.gang = AppDir.GANG in names
-    obs.timeout = AppDir.TIMEOUT in names
-
-
-def _alive(
-    record: AppRecord, alive: Callable[[list[int]], list[bool]] | None, indices: list[int]
-) -> list[bool]:
-    if alive is not None:
-        return alive(indices)
-    idents = identities(record)
-    return [idents[g].alive() for g in indices]
 
 
 def settle(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> FinalState | None:
