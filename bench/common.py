@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -112,3 +114,36 @@ def measure_lines(
         row.note = f"lines not whole: {e}"
         return
     row.note = f"{len(expected):,} lines, every line whole"
+
+
+def raw_popen(cmd: list[str], n: int, log_dir: str) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes with their stdout/stderr appended to per-replica log files, each in its
+    own process group: what the local scheduler must do at the least."""
+    os.makedirs(log_dir, exist_ok=True)
+    procs = []
+    for k in range(n):
+        with (
+            open(os.path.join(log_dir, f"{k}.stdout.log"), "ab") as out,
+            open(os.path.join(log_dir, f"{k}.stderr.log"), "ab") as err,
+        ):
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    process_group=0,  # cancelled with killpg, as shipyard's replicas
+                )
+            )
+    return procs
+
+
+def kill_groups(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kills each process's group (SIGKILL) and reaps the processes."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait()

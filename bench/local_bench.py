@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import LOG_REGEX, Ctx, measure_lines, raw_read_split
+from bench.common import LOG_REGEX, Ctx, kill_groups, measure_lines, raw_popen, raw_read_split
 from bench.harness import (
     Row,
     Section,
@@ -55,38 +55,6 @@ def _quiesce(runner: Any, handle: str) -> None:
     wait_for(lambda: os.path.exists(os.path.join(app_dir, "logs_done")), 30, f"{handle} logs")
 
 
-def _raw_popen(cmd: list[str], n: int, log_dir: str) -> list[subprocess.Popen[bytes]]:
-    """``n`` processes with their stdout/stderr appended to per-replica log files, each in its
-    own process group: what the local scheduler must do at the least."""
-    os.makedirs(log_dir, exist_ok=True)
-    procs = []
-    for k in range(n):
-        with (
-            open(os.path.join(log_dir, f"{k}.stdout.log"), "ab") as out,
-            open(os.path.join(log_dir, f"{k}.stderr.log"), "ab") as err,
-        ):
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    process_group=0,  # cancelled with killpg, as shipyard's replicas
-                )
-            )
-    return procs
-
-
-def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        p.wait()
-
-
 def run(ctx: Ctx) -> list[Row]:
     from core.runner import get_runner
     from core.specs import AppState
@@ -117,9 +85,9 @@ def run(ctx: Ctx) -> list[Row]:
             def raw() -> float:
                 d = fresh_dir()
                 t0 = time.perf_counter()
-                procs = _raw_popen([SLEEP, "30"], n, d)
+                procs = raw_popen([SLEEP, "30"], n, d)
                 dt = time.perf_counter() - t0
-                _kill(procs)
+                kill_groups(procs)
                 return dt
 
             fill(
@@ -161,7 +129,7 @@ def run(ctx: Ctx) -> list[Row]:
         def raw() -> float:
             d = fresh_dir()
             t0 = time.perf_counter()
-            (p,) = _raw_popen([TRUE], 1, d)
+            (p,) = raw_popen([TRUE], 1, d)
             while p.poll() is None:
                 time.sleep(POLL)
             return time.perf_counter() - t0
@@ -304,7 +272,7 @@ def run(ctx: Ctx) -> list[Row]:
                 return dt
 
             def raw() -> float:
-                procs = _raw_popen([SLEEP, "30"], n, fresh_dir())
+                procs = raw_popen([SLEEP, "30"], n, fresh_dir())
                 time.sleep(0.1)
                 t0 = time.perf_counter()
                 for p in procs:
@@ -403,7 +371,7 @@ def _gate_row(row: Row, runner: Any, runs: int, fresh_dir: Any) -> None:
     def raw() -> float:
         d = fresh_dir()
         t0 = time.time_ns()
-        procs = _raw_popen([date, "+%s%N"], n, d)
+        procs = raw_popen([date, "+%s%N"], n, d)
         for p in procs:
             p.wait()
         return (max(_stamps([os.path.join(d, f"{k}.stdout.log") for k in range(n)])) - t0) / 1e9

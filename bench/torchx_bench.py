@@ -15,14 +15,13 @@ import os
 import select
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from importlib import metadata
 from typing import Any
 
-from bench.common import Ctx, check_lines, raw_read_split
+from bench.common import Ctx, check_lines, kill_groups, raw_popen, raw_read_split
 from bench.harness import MS, Row, Section, fill, interleave, median, repeat_timed, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -172,30 +171,6 @@ def _end(runner: Any, handle: str) -> None:
     wait_for(lambda: os.path.exists(done), 30, f"{handle} logs")
 
 
-def _popen(cmd: list[str], n: int, log_dir: str) -> list[subprocess.Popen[bytes]]:
-    """``n`` processes, each with stdout/stderr files and its own process group."""
-    os.makedirs(log_dir, exist_ok=True)
-    procs = []
-    for k in range(n):
-        with (
-            open(os.path.join(log_dir, f"{k}.stdout.log"), "ab") as out,
-            open(os.path.join(log_dir, f"{k}.stderr.log"), "ab") as err,
-        ):
-            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                          process_group=0))  # fmt: skip
-    return procs
-
-
-def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        p.wait()
-
-
 def _starts(path: str, n: int) -> list[int] | None:
     """The start times (ns) the ``n`` replicas appended to ``path``, once all are there."""
     try:
@@ -257,9 +232,9 @@ def _submit_rows(sec: Section, ctx: Ctx, runner: Any, tx: Peer) -> None:
                 counter[0] += 1
                 d = os.path.join(ctx.tmp, "torchx-raw", str(counter[0]))
                 t0 = time.perf_counter()
-                procs = _popen([sleep, "30"], n, d)
+                procs = raw_popen([sleep, "30"], n, d)
                 dt = time.perf_counter() - t0
-                _kill(procs)
+                kill_groups(procs)
                 return dt
 
             sides = {"shipyard": shipyard, PEER: lambda: tx.dt("submit", n=n), "raw": raw}
@@ -315,9 +290,9 @@ def _started_row(sec: Section, ctx: Ctx, runner: Any, tx: Peer) -> None:
     def raw() -> float:
         path, args = fresh()
         t0 = time.time_ns()
-        procs = _popen(["sh", *args], n, path + ".logs")
+        procs = raw_popen(["sh", *args], n, path + ".logs")
         stamps = wait_for(lambda: _starts(path, n), 30, f"{n} starts", interval=0.001)
-        _kill(procs)
+        kill_groups(procs)
         return (max(stamps) - t0) / 1e9
 
     def measure(row: Row) -> None:
