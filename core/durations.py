@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from core.errors import ShipyardError
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 __all__ = ["DURATION_FORMS", "DurationError", "parse_duration", "parse_time", "seconds_of"]
 
@@ -89,6 +92,8 @@ def parse_time(value: str, where: str) -> datetime:
     Raises:
         DurationError: naming ``where``, for anything else.
     """
+    from datetime import UTC, datetime, timedelta  # (lazily: start-up)
+
     text = value.strip()
     try:  # ISO first: its basic form (20260102) would otherwise read as seconds
         dt = datetime.fromisoformat(text)

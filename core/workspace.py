@@ -13,7 +13,6 @@ import logging
 import os
 import posixpath
 import stat
-import tarfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -222,6 +221,8 @@ def _build_context(workspace: str) -> tuple[io.BytesIO, str, int]:
     own :data:`WORKSPACE_DOCKERFILE`, else a generated ``FROM $IMAGE`` + ``COPY . ./``) and a
     ``.dockerignore`` (the workspace's, plus the Dockerfile and itself, so neither lands in the
     image); returns ``(tar, dockerfile name, number of workspace files)``."""
+    import tarfile  # (lazily: a start-up cost of every backend)
+
     buf = io.BytesIO()
     names: set[str] = set()
     dockerignore = b""

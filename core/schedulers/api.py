@@ -8,9 +8,8 @@ import copy
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from core.reports import Problem, ReplicaResult
 from core.specs import (
@@ -26,6 +25,9 @@ from core.specs import (
     runopts,
     validate_app,
 )
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 __all__ = [
     "DescribeAppResponse",

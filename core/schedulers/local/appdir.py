@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import hashlib
 import os
-import shutil
 import stat
 import threading
 import time
@@ -158,6 +156,8 @@ class AppDir:
             return None
 
     def remove(self) -> None:
+        import shutil  # (lazily: start-up)
+
         shutil.rmtree(self.path, ignore_errors=True)
 
     # -- the record -------------------------------------------------------------------------
@@ -345,6 +345,8 @@ class KeyClaims:
         self.dir = os.path.join(root, ".keys")
 
     def _path(self, key: str) -> str:
+        import hashlib  # (only here: OpenSSL takes ~3 ms to load)
+
         return os.path.join(self.dir, hashlib.sha256(key.encode()).hexdigest()[:40])
 
     def claim(self, key: str, app_id: str, submitter: str, timeout: float = 30.0) -> str | None:

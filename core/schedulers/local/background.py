@@ -20,20 +20,22 @@ import logging
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.collector import LogDirFullError, collect
 from core.schedulers.local.outcome import OomCounter, peak_rss_kib, record_reaped
 from core.schedulers.local.processes import exited_child
 from core.schedulers.local.supervise import observe
+
+if TYPE_CHECKING:
+    import subprocess
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,8 @@ def start_collector(app_dir: str, grace: float) -> subprocess.Popen[bytes] | Non
         )
     except FileNotFoundError:
         return None  # the app is gone
+    import subprocess  # (only here: a start-up cost for every import of the scheduler)
+
     try:
         proc = subprocess.Popen(
             [sys.executable, "-S", "-I", "-c", _BOOT, app_dir, repr(float(grace))],

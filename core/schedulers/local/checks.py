@@ -8,7 +8,6 @@ naming its field."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +96,8 @@ def _entrypoint_problem(entrypoint: str, cwd: str, path: str) -> str | None:
         if not os.access(full, os.X_OK):
             return f"{entrypoint!r} is not executable"
         return None
+    import shutil  # (lazily: start-up)
+
     if shutil.which(entrypoint, path=path) is None:
         return f"{entrypoint!r} was not found on PATH"
     return None
@@ -117,6 +118,8 @@ def _dir_problems(path: str, field: str, creatable: bool, what: str = "directory
 
 def host_gpu_count() -> int:
     """Number of GPUs on this host (``nvidia-smi -L``), 0 if none can be found."""
+    import shutil
+
     smi = shutil.which("nvidia-smi")
     if not smi:
         return 0

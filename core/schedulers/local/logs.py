@@ -16,13 +16,15 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.schedulers.api import Stream
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.collector import ERROR_FILE, LogDirFullError, collect, read_index
 from core.specs import is_terminal
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 log = logging.getLogger(__name__)
 

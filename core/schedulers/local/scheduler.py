@@ -9,15 +9,12 @@ import json
 import logging
 import os
 import re
-import secrets
-import shutil
 import signal
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.limits import ATTEMPT_ENV, CHECKPOINT_DIR_ENV, limit_command, limits_from_cfg
 from core.reports import RESULT_FILE_ENV, Problem, ReplicaResult
@@ -69,6 +66,9 @@ from core.specs import (
     macros,
     runopts,
 )
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
 
     def _submit_dryrun(self, app: AppDef, cfg: Mapping[str, CfgVal]) -> AppDryRunInfo[PopenRequest]:
         opts = local_opts(cfg)
-        app_id = f"{app.name}-{secrets.token_hex(5)}"
+        app_id = f"{app.name}-{os.urandom(5).hex()}"
         adir = AppDir(apps_root(), app_id)
         app_dir = adir.path
         log_root = opts.get("log_dir")
@@ -544,6 +544,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
         known = self._found.get(key)
         if known is not None and os.access(known, os.X_OK):
             return known
+        import shutil  # (lazily, as everywhere on the scheduler's import path: start-up)
+
         found = shutil.which(command, path=path)
         if found is None:
             return None

@@ -26,7 +26,6 @@ import logging
 import os
 import posixpath
 import shlex
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -66,6 +65,8 @@ def stage(files: Files, images: Iterable[Image], oci_dir: str) -> None:
         if files.exists(done):
             continue
         files.mkdir(oci_dir, mode=0o755, parents=True)
+        import tempfile  # (lazily: start-up)
+
         with tempfile.TemporaryDirectory(prefix="shipyard-oci-") as tmp:
             local = os.path.join(tmp, "rootfs.tar")
             _export(image, local)

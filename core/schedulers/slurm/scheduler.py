@@ -10,8 +10,7 @@ import posixpath
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.clusters import ClusterConfig, ClusterError, get_cluster
 from core.limits import TIME_LIMIT_OPT, limits_from_cfg, requeue_from_cfg
@@ -71,6 +70,9 @@ from core.specs import (
 )
 from core.transient import BackendUnavailableError
 from core.workspace import DirWorkspaceMixin, walk_workspace
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 log = logging.getLogger(__name__)
 

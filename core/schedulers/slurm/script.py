@@ -9,7 +9,6 @@ directory; a ``job_dir`` copy is written with mode 0600).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
 from collections.abc import Mapping
@@ -109,6 +108,8 @@ def key_token(key: str) -> str:
     """How an idempotency key is stored in the job's comment (hashed unless plainly safe)."""
     if _SAFE_KEY_RE.fullmatch(key):
         return key
+    import hashlib  # (lazily: OpenSSL takes ~3 ms to load, a start-up cost)
+
     return "sha256-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
 
 
