@@ -112,6 +112,9 @@ class AppDir:
     LOCK = "collector.lock"
     COLLECTOR_LOG = "collector.log"
     INDEX_PREFIX = "idx."
+    #: the per-replica files (the logs, unless ``log_dir`` puts them elsewhere, and the time
+    #: indexes): kept out of the app's own directory, whose every look lists it
+    LOGS = "logs"
     USAGE = "usage"
 
     def __init__(self, root: str, app_id: str) -> None:
@@ -122,15 +125,22 @@ class AppDir:
         return os.path.join(self.path, name)
 
     def index_file(self, g: int) -> str:
-        return self.file(f"{self.INDEX_PREFIX}{g}")
+        return os.path.join(self.logs_dir, f"{self.INDEX_PREFIX}{g}")
 
     # -- the directory --------------------------------------------------------------------
 
     def create(self) -> None:
-        """Makes the directory (mode 0700) and its ``checkpoint`` directory
-        (``$SHIPYARD_CHECKPOINT_DIR``). FileExistsError if the app id is taken."""
+        """Makes the directory (mode 0700), its ``checkpoint`` directory
+        (``$SHIPYARD_CHECKPOINT_DIR``) and its ``logs`` directory. FileExistsError if the app
+        id is taken."""
         os.mkdir(self.path, 0o700)
         os.mkdir(self.checkpoint_dir, 0o700)
+        os.mkdir(self.logs_dir, 0o700)
+
+    @property
+    def logs_dir(self) -> str:
+        """Where the replicas' logs go by default, and where the time indexes are."""
+        return self.file(self.LOGS)
 
     @property
     def checkpoint_dir(self) -> str:

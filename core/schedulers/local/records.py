@@ -17,7 +17,7 @@ __all__ = ["LOST", "AppRecord", "FinalState", "ReplicaRecord", "RoleRecord"]
 LOST = "lost"
 
 #: what :class:`AppRecord` JSON looks like; records of another version are not read
-RECORD_VERSION = 2
+RECORD_VERSION = 3  # 3: logs and time indexes in the app's logs/ directory
 #: the exit code of a replica its limit script ended (``core.limits.TIMEOUT_CODE``: this module
 #: imports no more than the standard library, for the log collector)
 SCRIPT_TIMEOUT = 124

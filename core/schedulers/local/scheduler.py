@@ -165,12 +165,11 @@ class LocalScheduler(Scheduler[PopenRequest]):
         opts = local_opts(cfg)
         app_id = f"{app.name}-{os.urandom(5).hex()}"
         adir = AppDir(apps_root(), app_id)
-        app_dir = adir.path
         log_root = opts.get("log_dir")
         log_dir = (
             os.path.join(os.path.abspath(os.path.expanduser(log_root)), app_id)
             if log_root is not None
-            else app_dir
+            else adir.logs_dir
         )
         provider = self._image_provider_class(opts)
         role_params: dict[str, list[ReplicaParam]] = {}
@@ -727,7 +726,7 @@ def _launches(request: PopenRequest) -> list[tuple[str, int, ReplicaLaunch]]:
 def _check_dirs(request: PopenRequest, app: AppDir) -> None:
     """Every working directory exists and every log directory is writable, before anything
     starts (errors name the field)."""
-    checked = {app.path}
+    checked = {app.logs_dir}
     for i, (role, params) in enumerate(request.role_params.items()):
         for p in params:
             if p.cwd and not os.path.isdir(p.cwd):

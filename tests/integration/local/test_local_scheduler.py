@@ -437,7 +437,7 @@ def test_since_until(sched: LocalScheduler) -> None:
     all_lines = list(sched.log_iter(app_id, "r", 0, should_tail=True))
     assert all_lines == ["early\n", "late1\n", "late2\n"]
     desc_time = datetime.now()
-    index = Path(state_dir(), app_id, "idx.0").read_text().split("\n")[0]
+    index = Path(state_dir(), app_id, "logs", "idx.0").read_text().split("\n")[0]
     first_seen = datetime.fromtimestamp(float(index.split()[0]))
     middle = first_seen + timedelta(seconds=0.7)
     assert list(sched.log_iter(app_id, "r", 0, since=middle)) == ["late1\n", "late2\n"]
@@ -579,7 +579,7 @@ def test_cancel_escalates_to_sigkill(tmp_path: Path) -> None:
 def test_log_iterator_reads_a_log_file_directly(sched: LocalScheduler) -> None:
     app_id = sched.submit(AppDef("direct", [sh(r"printf 'a\nb\nc'")]), {})
     assert wait_terminal(sched, app_id) == AppState.SUCCEEDED
-    path = Path(state_dir(), app_id, "r.0.stdout.log")
+    path = Path(state_dir(), app_id, "logs", "r.0.stdout.log")
     assert list(LogIterator(app_id, "", str(path), sched, should_tail=False)) == ["a\n", "b\n", "c"]
     assert list(LogIterator(app_id, "b|c", str(path), sched, should_tail=True)) == ["b\n", "c"]
     it = LogIterator(app_id, "", str(path), sched)
