@@ -186,6 +186,11 @@ def _starts(path: str, n: int) -> list[int] | None:
 # --------------------------------------------------------------------------------------------
 
 
+#: what a backend module cannot do without (the app model's dataclasses and enums, typing,
+#: logging, JSON records): the floor of an import row
+FLOOR = "typing, dataclasses, enum, logging, json, re"
+
+
 def _import_rows(sec: Section, ctx: Ctx, tx_py: str) -> None:
     runs = max(ctx.runs * 3, 15)
     for kind, name in zip(MODULES, ROWS, strict=False):
@@ -198,16 +203,19 @@ def _import_rows(sec: Section, ctx: Ctx, tx_py: str) -> None:
                     PEER: lambda: _wall([tx_py, "-c", f"import {tx}"]),
                     "raw": lambda: _wall([ctx.python, "-c", "pass"]),
                     "raw_torchx": lambda: _wall([tx_py, "-c", "pass"]),
+                    "floor": lambda: _wall([ctx.python, "-c", f"import {FLOOR}"]),
                 },
                 runs,
                 warmup=2,
             )
             _fill(row, samples)
             tx_pass = median(samples["raw_torchx"])
+            s, r, p = (median(samples[k]) for k in ("shipyard", "raw", PEER))
             row.note = (
                 f"import {ship} vs {tx}; over its own venv's `python -c pass`: shipyard"
-                f" +{(row.shipyard - row.raw) * MS:.0f} ms, torchx +{(row.peer - tx_pass) * MS:.0f}"
-                f" ms (TorchX venv's pass: {tx_pass * MS:.0f} ms)"
+                f" +{(s - r) * MS:.0f} ms, torchx +{(p - tx_pass) * MS:.0f}"
+                f" ms (TorchX venv's pass: {tx_pass * MS:.0f} ms); the standard modules any"
+                f" backend needs ({FLOOR}): {median(samples['floor']) / p:.2f}x torchx"
             )  # fmt: skip
 
         sec.measure(_row(sec, name, "python -c pass"), measure)
