@@ -36,7 +36,8 @@ _READ_CAP = 4 << 20
 _INDEX_EVERY = 0.02
 _TICK_MIN = 0.002
 # an idle app's collector wakes 4 times a second: a line printed after a pause reaches readers
-# within 0.25 s, and 1,000 idle apps cost a fifth of a core (at 0.05 s they took all of one)
+# within 0.25 s; 100 idle apps' collectors take 9% of a core on the 2-core rig (a wake, with its
+# look at the app, is about 0.23 ms), so 1,000 take most of one
 _TICK_MAX = 0.25
 _OBSERVE_EVERY = 0.25
 _REAP_BATCH = 0.25  # seconds a replica that ended waits for others before the leftover scan
