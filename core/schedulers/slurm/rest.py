@@ -216,7 +216,10 @@ class RestClient(SlurmClient):
         if payload.get("errors"):
             return {}, _describe(payload)
         wanted = set(job_ids)
-        return {k: v for k, v in self.api.parse_jobs(payload).items() if k in wanted}, None
+        # (the controller answers with every job: only those asked about are converted)
+        only = {j.split("_", 1)[0] for j in wanted}
+        jobs = self.api.parse_jobs(payload, only=only)
+        return {k: v for k, v in jobs.items() if k in wanted}, None
 
     def accounting_jobs(self, job_ids: list[str]) -> dict[str, JobInfo] | None:
         found: dict[str, JobInfo] = {}

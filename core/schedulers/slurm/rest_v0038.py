@@ -114,13 +114,18 @@ def submission(
     return body
 
 
-def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str, JobInfo]:
-    """``GET jobs`` / ``GET job/{id}`` as jobs keyed by app id (only ``user``'s if given)."""
+def parse_jobs(
+    payload: Mapping[str, Any], user: str | None = None, only: set[str] | None = None
+) -> dict[str, JobInfo]:
+    """``GET jobs`` / ``GET job/{id}`` as jobs keyed by app id (only ``user``'s if given; with
+    ``only``, just the jobs, het jobs and arrays of those ids)."""
     jobs: dict[str, JobInfo] = {}
     for j in payload.get("jobs") or []:
         if user and j.get("user_name") != user:
             continue
         het_id = j.get("het_job_id") or 0
+        if only is not None and not _ids(j["job_id"], het_id, j.get("array_job_id")) & only:
+            continue
         app_id = str(het_id or j["job_id"])
         off = int(j.get("het_job_offset") or 0) if het_id else 0
         array_job, tasks = _tasks(
@@ -138,6 +143,10 @@ def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str,
         }
         add_controller_rows(jobs, app_id, off, row, array_job, tasks)
     return jobs
+
+
+def _ids(*ids: Any) -> set[str]:
+    return {str(i) for i in ids if i}
 
 
 def _tasks(array_job: Any, task_id: Any, task_string: Any) -> tuple[str, list[int]]:

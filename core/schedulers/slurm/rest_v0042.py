@@ -136,13 +136,20 @@ def submission(
     return {"job": comps[0]} if len(comps) == 1 else {"jobs": comps}
 
 
-def parse_jobs(payload: Mapping[str, Any], user: str | None = None) -> dict[str, JobInfo]:
-    """``GET jobs`` / ``GET job/{id}`` as jobs keyed by app id (only ``user``'s if given)."""
+def parse_jobs(
+    payload: Mapping[str, Any], user: str | None = None, only: set[str] | None = None
+) -> dict[str, JobInfo]:
+    """``GET jobs`` / ``GET job/{id}`` as jobs keyed by app id (only ``user``'s if given; with
+    ``only``, just the jobs, het jobs and arrays of those ids)."""
     jobs: dict[str, JobInfo] = {}
     for j in payload.get("jobs") or []:
         if user and j.get("user_name") != user:
             continue
         het_id = _number(j.get("het_job_id")) or 0
+        if only is not None:
+            ids = (_number(j.get("job_id")), het_id, _number(j.get("array_job_id")))
+            if not {str(i) for i in ids if i} & only:
+                continue
         app_id = str(het_id or j["job_id"])
         off = (_number(j.get("het_job_offset")) or 0) if het_id else 0
         array_job, tasks = _tasks(
