@@ -17,9 +17,9 @@ macro) and ``SHIPYARD_REPLICA_KEY`` (inherited by everything it starts; used to 
 
 **Logs.** A replica writes its stdout and stderr straight into ``<role>.<k>.stdout.log`` and
 ``<role>.<k>.stderr.log`` in the app's log directory (``<log_dir>/<app_id>/`` with cfg
-``log_dir``, else the ``logs`` directory in the app's state directory). A collector writes ``<role>.<k>.combined.log``
-(whole lines of both streams in the order it saw them arrive) and a time index that
-``log_iter``'s ``since``/``until`` use.
+``log_dir``, else the ``logs`` directory in the app's state directory). A collector writes
+``<role>.<k>.combined.log`` (whole lines of both streams in the order it saw them arrive) and a
+time index that ``log_iter``'s ``since``/``until`` use.
 
 **Nothing is orphaned, nothing runs twice.** ``cancel`` ends every replica's process tree
 (SIGTERM, SIGKILL after a grace period, then whatever left the process groups). When a replica

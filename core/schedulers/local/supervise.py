@@ -54,14 +54,13 @@ def observe(
     names = app.names()
     if names is None:
         return None
-    obs = Observation(names=names)
+    obs = Observation()
     if AppDir.DONE in names:
         obs.done = app.read_final()
         if obs.done is not None:
+            obs.names = names
             return obs
-    obs.cancelled = AppDir.CANCELLED in names
-    obs.gang = AppDir.GANG in names
-    obs.timeout = AppDir.TIMEOUT in names
+    _markers(obs, names)
     recorded = app.exits()
     unknown = [g for g in range(len(record.replicas)) if g not in recorded]
     if alive is None:
@@ -74,10 +73,7 @@ def observe(
         # ended since the first look: its exit code, and a cancel's or a gang's marker (made
         # before their signals), may be newer than what was read
         recorded = app.exits()
-        obs.names = app.names() or names
-        obs.cancelled = AppDir.CANCELLED in obs.names
-        obs.gang = AppDir.GANG in obs.names
-        obs.timeout = AppDir.TIMEOUT in obs.names
+        _markers(obs, app.names() or names)
     for g in range(len(record.replicas)):
         if g in running and g not in recorded:
             obs.running.append(g)
@@ -85,6 +81,13 @@ def observe(
         else:
             obs.codes.append(recorded.get(g, LOST))
     return obs
+
+
+def _markers(obs: Observation, names: set[str]) -> None:
+    obs.names = names
+    obs.cancelled = AppDir.CANCELLED in names
+    obs.gang = AppDir.GANG in names
+    obs.timeout = AppDir.TIMEOUT in names
 
 
 def settle(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> FinalState | None:
