@@ -187,7 +187,7 @@ def resume(api: Any, pool: ThreadPoolExecutor, app_id: str) -> bool:
     create_all(api, pool, job, session, keyed=True)
     if not take_request(api, app_id):
         return False
-    start_all(api, pool, job, deadline)
+    start_all(api, pool, job, deadline, keyed=True)
     log.info("completed the interrupted submission of %s", app_id)
     return True
 
@@ -251,7 +251,7 @@ def start_job(
         if not mine:
             log.info("%s was taken over (by a retry with its key, or a cancel)", job.app_id)
             return
-        start_all(api, pool, job, deadline)
+        start_all(api, pool, job, deadline, keyed=bool(key))
     except BaseException as e:
         if not mine and not _abandon(api, job.app_id):
             raise  # (a retry with the key, or a cancel, took the submission over: the rest is its)
@@ -313,12 +313,18 @@ def _exists(api: Any, name: str) -> bool:
     return True
 
 
-def start_all(api: Any, pool: ThreadPoolExecutor, job: DockerJob, deadline: float) -> None:
-    """Starts every container of ``job`` (all created, none started), unless it is too late."""
+def start_all(
+    api: Any, pool: ThreadPoolExecutor, job: DockerJob, deadline: float, keyed: bool = False
+) -> None:
+    """Starts every container of ``job`` (all created, none started), unless it is too late.
+    With ``keyed``, the network other submitters of the key may have created too is made one
+    first."""
     if time.time() > deadline:
         raise SubmitError(
             f"creating {len(job.containers)} containers took past the submit deadline"
         )
+    if keyed and job.network:
+        _one_network(api, job.network)
     parallel(pool, api.start, [str(c.kwargs["name"]) for c in job.containers])
 
 
@@ -336,6 +342,21 @@ def parallel(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterable
     return [f.result() for f in futures]
 
 
+def _networks_named(api: Any, name: str) -> list[str]:
+    """The ids of the networks called ``name`` (the engine's filter matches parts of names)."""
+    return sorted(n["Id"] for n in api.networks(names=[name]) if n.get("Name") == name)
+
+
+def _one_network(api: Any, name: str) -> None:
+    """Leaves one network called ``name``. The engine's check for a network of the same name is
+    not atomic, so submitters of one key that race may each create one; a container then cannot
+    start ("network ... is ambiguous"). None of them has a started container yet (only the
+    caller starts them), so the others can go; a later create sees the one kept."""
+    for extra in _networks_named(api, name)[1:]:
+        log.info("removing a second network %s (%s) made by a racing submitter", name, extra)
+        remove_network(api, extra)
+
+
 def _remove_partial(api: Any, job: DockerJob) -> None:
     """Removes what a failed submission created: its containers, by name (a create may have
     succeeded in the engine after its call failed here), and its network."""
@@ -349,7 +370,8 @@ def _remove_partial(api: Any, job: DockerJob) -> None:
         except Exception:
             log.warning("could not remove container %s", c.kwargs["name"], exc_info=True)
     if job.network:
-        remove_network(api, job.network)
+        for net in _networks_named(api, job.network):  # (racing submitters may have made two)
+            remove_network(api, net)
     if job.checkpoint_volume:
         try:
             api.remove_volume(job.checkpoint_volume, force=True)

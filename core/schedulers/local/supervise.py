@@ -60,8 +60,12 @@ def observe(
         if obs.done is not None:
             obs.names = names
             return obs
-    _markers(obs, names)
     recorded = app.exits()
+    if recorded:
+        # a cancel's or a gang's marker is made before the signals that ended these replicas,
+        # so it may be newer than the first listing
+        names = app.names() or names
+    _markers(obs, names)
     unknown = [g for g in range(len(record.replicas)) if g not in recorded]
     if alive is None:
         idents = identities(record)

@@ -103,6 +103,36 @@ def test_racing_submitters_in_separate_processes_start_one_app(
     sched.cancel(outs[0].rsplit("/", 1)[1])
 
 
+def test_a_keyed_submit_starts_when_racing_submitters_made_two_networks(
+    sched: DockerScheduler, docker_client: Any
+) -> None:
+    """The engine's check for a network of the same name is not atomic: submitters of one key
+    that race may each create the app's network (CI saw a start fail, "network ... is
+    ambiguous"). The one that starts the containers keeps one network, and the app runs."""
+    api = docker_client.api
+    info = sched.submit_dryrun(
+        AppDef("nets", [sh("w", "sleep 30", n=2)]), {}, idempotency_key=f"nets-{uuid.uuid4().hex}"
+    )
+    name = info.request.network
+    assert name is not None
+    labels = {LABEL_SESSION: sched.session_name, LABEL_APP_ID: info.request.app_id}
+    for _ in range(2):  # (what the race leaves: the check cannot be raced on demand)
+        api.create_network(name, driver="bridge", labels=labels, check_duplicate=False)
+    app_id = sched.schedule(info)
+    try:
+        assert app_id == info.request.app_id
+        nets = [n for n in api.networks(names=[name]) if n["Name"] == name]
+        assert len(nets) == 1, nets
+        desc = wait_until(
+            lambda: (d := sched.describe(app_id)) and d.state == AppState.RUNNING and d,
+            60,
+            "the app to run",
+        )
+        assert [r.state for r in desc.roles_statuses[0].replicas] == [AppState.RUNNING] * 2
+    finally:
+        sched.cancel(app_id)
+
+
 def _kill_during_submit(
     sched: DockerScheduler, api: Any, key: str, when: Callable[[], None]
 ) -> subprocess.Popen[str]:

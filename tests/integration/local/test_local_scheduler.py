@@ -19,6 +19,7 @@ import pytest
 from core.schedulers import get_scheduler_factories
 from core.schedulers.api import Stream
 from core.schedulers.local.appdir import AppDir
+from core.schedulers.local.records import ExitCode
 from core.schedulers.local.supervise import final_state, identities, observe, settle
 from core.schedulers.local_scheduler import (
     CWDImageProvider,
@@ -523,6 +524,34 @@ def test_an_observer_that_looked_before_a_cancel_still_sees_it(sched: LocalSched
         return [False for _ in indices]
 
     obs = observe(app, record, alive=cancel_then_look)
+    assert obs is not None and obs.cancelled and not obs.running
+    assert final_state(app, record, obs).state == "CANCELLED"
+    assert wait_terminal(sched, app_id) == AppState.CANCELLED
+
+
+def test_an_observer_that_listed_before_a_cancel_and_read_codes_after_still_sees_it(
+    sched: LocalScheduler,
+) -> None:
+    """The other order of the same race: the observer listed the markers, then the cancel
+    marked the app and its replicas ended and recorded their codes, then it read the codes
+    (CI saw a cancelled app end FAILED, "killed by signal 15")."""
+    app_id = sched.submit(AppDef("raced", [sh("echo started; sleep 60", "r", 2)]), {})
+    wait_until(lambda: list(sched.log_iter(app_id, "r", 1, streams=Stream.STDOUT)), what="output")
+    app = AppDir(state_dir(), app_id)
+    record = app.read_record()
+    assert record is not None
+    read_codes = app.exits
+
+    def cancel_then_read() -> dict[int, ExitCode]:
+        app.exits = read_codes  # type: ignore[method-assign]
+        app.mark(AppDir.CANCELLED, json.dumps(time.time()))
+        for ident in identities(record).values():
+            ident.signal_group(signal.SIGTERM)
+        wait_until(lambda: len(read_codes()) == 2, what="both exit codes")
+        return read_codes()
+
+    app.exits = cancel_then_read  # type: ignore[method-assign]
+    obs = observe(app, record)
     assert obs is not None and obs.cancelled and not obs.running
     assert final_state(app, record, obs).state == "CANCELLED"
     assert wait_terminal(sched, app_id) == AppState.CANCELLED
