@@ -206,12 +206,13 @@ def _local_running(ctx: Ctx, sec: Section) -> None:
             if not all(s is not None and s.state == AppState.RUNNING for s in got.values()):
                 raise AssertionError("an app is not RUNNING")
 
+        idle = _collectors_cpu(root)
         inner = max(1, 1000 // n)
         s = interleave({"shipyard": lambda: repeat_timed(once, inner),
                         "raw": lambda: repeat_timed(lambda: raw_once(ids), inner)},
                        ctx.runs, warmup=1)  # fmt: skip
         watcher.close()
-        return median(s["shipyard"]), median(s["raw"]), ""
+        return median(s["shipyard"]), median(s["raw"]), f"idle collectors {idle:.1%} of a core"
 
     try:
         curve(sec, "local status_many, running apps", RUNNING, point,
@@ -226,6 +227,29 @@ def _local_running(ctx: Ctx, sec: Section) -> None:
         done = [os.path.join(root, h.rsplit("/", 1)[1], "logs_done") for h in handles]
         wait_for(lambda: all(os.path.exists(p) for p in done), 300, "their collectors to end")
         submitter.close()
+
+
+def _collectors_cpu(root: str, seconds: float = 3.0) -> float:
+    """The CPU the log collectors of the apps under ``root`` take while idle, in cores."""
+
+    def ticks() -> int:
+        total = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                if b"local.collector" not in cmd or root.encode() not in cmd:
+                    continue
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+            except (OSError, IndexError, ValueError):
+                continue
+        return total
+
+    t0, c0 = time.monotonic(), ticks()
+    time.sleep(seconds)  # (the window the CPU is averaged over)
+    return (ticks() - c0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)
 
 
 def _follow_rows(ctx: Ctx, sec: Section, handles: list[str]) -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import LOG_REGEX, Ctx, kill_groups, measure_lines, raw_popen, raw_read_split
@@ -334,6 +335,14 @@ def run(ctx: Ctx) -> list[Row]:
         r = sec.row("log_iter 200k lines", ratio(3))
         r.status, r.note = "ERROR", f"{type(e).__name__}: {e}"
         r.finish()
+    sec.measure(
+        sec.row(
+            "a line after 2.5 s of silence reaches a combined-log follower",
+            at_most_ms(300),
+            raw_name="the line in its stdout file",
+        ),  # fmt: skip
+        lambda row: _pause_row(row, ctx.runs, ctx.tmp),
+    )
     runner.close()
     shutil.rmtree(raw_dir, ignore_errors=True)
     return sec.rows
@@ -392,6 +401,51 @@ def _gate_row(row: Row, runner: Any, runs: int, fresh_dir: Any) -> None:
         f"32 Popen of a waiting sh wrapper (fork, exec, wait): {w * MS:.1f} ms, {w / raw:.2f}x"
         f" raw; Shipyard {ship / w:.2f}x that. TorchX 0.7.0 was 1.3x Shipyard in the issue's run"
     )
+
+
+def _pause_row(row: Row, runs: int, tmp: str) -> None:
+    """A line printed after a pause long enough for the app's collector to sleep: the time
+    until a follower of the combined log has it (the follower wakes the collector), beside the
+    time until the line is in the replica's stdout file."""
+    import queue
+    import threading
+
+    from core.schedulers import get_scheduler_factories
+    from core.schedulers.local.appdir import AppDir
+
+    sched = get_scheduler_factories()["local_cwd"]("bench")
+    ship, raw = [], []
+    for i in range(runs):
+        gate = os.path.join(tmp, f"pause-gate-{i}")
+        script = f"echo a; while [ ! -e {gate} ]; do sleep 0.005; done; echo b; sleep 60"
+        app_id = sched.submit(_app("bpause", "sh", ["-c", script]), {})
+        got: queue.Queue[tuple[float, str]] = queue.Queue()
+
+        def follow(app_id: str = app_id, got: queue.Queue[tuple[float, str]] = got) -> None:
+            for line in sched.log_iter(app_id, "r", 0, should_tail=True):
+                got.put((time.perf_counter(), line))
+
+        threading.Thread(target=follow, daemon=True).start()
+        if got.get(timeout=30)[1] != "a\n":
+            raise AssertionError("the first line is not 'a'")
+        record = AppDir(*os.path.split(_app_dir(app_id))).read_record()
+        assert record is not None
+        stdout = record.replicas[0].stdout
+        time.sleep(2.5)  # (the pause itself: the collector goes to sleep)
+        t0 = time.perf_counter()
+        with open(gate, "w"):
+            pass
+        out = Path(stdout)
+        wait_for(lambda out=out: b"b\n" in out.read_bytes(), 10, "the line in stdout", 0.0002)
+        raw.append(time.perf_counter() - t0)
+        at, line = got.get(timeout=10)
+        if line != "b\n":
+            raise AssertionError(f"got {line!r}, expected 'b'")
+        ship.append(at - t0)
+        sched.cancel(app_id)
+    sched.close()
+    row.shipyard, row.raw = median(ship), median(raw)
+    row.note = f"worst {max(ship) * 1000:.0f} ms"
 
 
 def _square_dict(x: int) -> dict[str, int]:

@@ -110,6 +110,8 @@ class AppDir:
     DONE = "done"
     LOGS_DONE = "logs_done"
     LOCK = "collector.lock"
+    #: a FIFO the collector sleeps on: a reader or a cancel writes to it to wake it at once
+    WAKE = "collector.wake"
     COLLECTOR_LOG = "collector.log"
     INDEX_PREFIX = "idx."
     #: the per-replica files (the logs, unless ``log_dir`` puts them elsewhere, and the time
@@ -315,6 +317,35 @@ class AppDir:
             os.close(fd)
             return None
         return fd
+
+    def open_wake(self) -> int:
+        """The collector's end of its wake FIFO (made if missing), or -1 if it cannot be made.
+        Opened for writing too, so that it never reads as closed between two wakers."""
+        path = self.file(self.WAKE)
+        try:
+            os.mkfifo(path, 0o600)
+        except FileExistsError:
+            pass
+        except OSError:
+            return -1
+        try:
+            return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return -1
+
+    def wake_collector(self) -> None:
+        """Wakes the app's collector if one sleeps on its FIFO (else nothing: no collector runs,
+        or it does not sleep long)."""
+        try:
+            fd = os.open(self.file(self.WAKE), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # (ENOENT: no FIFO; ENXIO: no collector has it open)
+            return
+        try:
+            os.write(fd, b"w")
+        except BlockingIOError:
+            pass  # (full: it has plenty of wakes waiting)
+        finally:
+            os.close(fd)
 
     def collector_alive(self) -> bool:
         """True if a collector holds the lock now."""

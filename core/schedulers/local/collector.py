@@ -28,18 +28,21 @@ from core.errors import ShipyardError
 from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.processes import DEFAULT_GRACE, end_leftovers
 from core.schedulers.local.records import AppRecord, ReplicaRecord
-from core.schedulers.local.supervise import identities, observe, settle
+from core.schedulers.local.supervise import identities, next_due, observe, settle
 
 __all__ = ["ERROR_FILE", "LogDirFullError", "collect", "read_index"]
 
 _READ_CAP = 4 << 20
 _INDEX_EVERY = 0.02
 _TICK_MIN = 0.002
-# an idle app's collector wakes 4 times a second: a line printed after a pause reaches readers
-# within 0.25 s; 100 idle apps' collectors take 9% of a core on the 2-core rig (a wake, with its
-# look at the app, is about 0.23 ms), so 1,000 take most of one
+# An idle app's collector that sleeps on its replicas' pidfds and its wake FIFO wakes every
+# _IDLE_MAX seconds: a reader wakes it (AppDir.wake_collector) at most every _TICK_MAX while it
+# waits for lines, a cancel at once, and it wakes itself when a grace or a time limit is due.
+# The cost of an idle collector is its wakes (about 0.23 ms each on the 2-core rig, most of it
+# the process switch): 100 idle apps took 9% of a core at 4 wakes a second.
 _TICK_MAX = 0.25
-_OBSERVE_EVERY = 0.25
+_IDLE_MAX = 2.0
+_OBSERVE_EVERY = 0.25  # (without pidfds: ends are seen by looking)
 _REAP_BATCH = 0.25  # seconds a replica that ended waits for others before the leftover scan
 ERROR_FILE = "collector.error"
 
@@ -245,8 +248,11 @@ def _collect(app: AppDir, record: AppRecord, grace: float, follow: bool) -> None
     poller = select.poll()
     for fd in pidfds:
         poller.register(fd, select.POLLIN)
+    wake_fd = app.open_wake() if pidfds else -1
+    if wake_fd >= 0:
+        poller.register(wake_fd, select.POLLIN)
     tick = _TICK_MIN
-    last_observe = 0.0
+    next_observe = 0.0
     wake = True
     ending: list[_ReplicaLogs] = []  # ended, not yet drained
     first_end = 0.0
@@ -254,13 +260,18 @@ def _collect(app: AppDir, record: AppRecord, grace: float, follow: bool) -> None
         while True:
             now = time.time()
             active = any([not rl.finished and rl.poll(now) for rl in logs])
-            if wake or not pidfds or now - last_observe >= _OBSERVE_EVERY:
-                wake, last_observe = False, now
+            if wake or not pidfds or now >= next_observe:
+                wake = False
                 obs = observe(app, record)
                 if obs is None:  # the app was removed
                     return
                 if obs.done is None and follow:
                     settle(app, record, obs, grace)
+                next_observe = now + (
+                    min(_IDLE_MAX, next_due(app, record, obs, grace))
+                    if wake_fd >= 0 and obs.done is None
+                    else _OBSERVE_EVERY
+                )
                 ended = (
                     set(range(len(logs)))
                     if obs.done
@@ -281,19 +292,33 @@ def _collect(app: AppDir, record: AppRecord, grace: float, follow: bool) -> None
                     return
             if not follow:
                 return  # caught up for a reader: the replicas still run
-            tick = _TICK_MIN if active else min(tick * 2, _TICK_MAX)
-            for fd, _ in poller.poll(tick * 1000) if pidfds else ():
-                wake = True  # a replica ended: look at once (its exit code is recorded)
+            sleepy = wake_fd >= 0 and pidfds  # (else ends are seen by looking)
+            tick = _TICK_MIN if active else min(tick * 2, _IDLE_MAX if sleepy else _TICK_MAX)
+            timeout = min(tick, max(0.0, next_observe - time.time()))
+            for fd, _ in poller.poll(timeout * 1000) if pidfds else ():
+                wake = True  # a replica ended, or a reader or a cancel woke it: look at once
+                if fd == wake_fd:
+                    _drain(wake_fd)
+                    tick = min(tick, _TICK_MAX)
+                    continue
                 poller.unregister(fd)
                 os.close(fd)
                 pidfds.pop(fd, None)
             if not pidfds and follow:
                 time.sleep(tick)
     finally:
-        for fd in pidfds:
+        for fd in [*pidfds, wake_fd] if wake_fd >= 0 else pidfds:
             os.close(fd)
         for rl in logs:
             rl.close()
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _finish(record: AppRecord, ending: list[_ReplicaLogs], grace: float) -> None:

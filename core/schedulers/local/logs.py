@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 __all__ = ["LogIterator", "split_lines"]
 
 _CHUNK = 1 << 20
+#: how often a reader waiting for the collector wakes it (an idle app's collector sleeps longer)
+_WAKE_EVERY = 0.25
 
 # Besides \n, str.splitlines also splits on these (UTF-8 encoded); log lines end only at \n.
 _OTHER_LINE_BREAKS = (b"\r", b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\xc2\x85",
@@ -91,6 +93,7 @@ class LogIterator:
         self._committed_end = 0
         self._spawned = False
         self._failure: str | None = None  # why the combined log stops early (a full disk)
+        self._woken = 0.0  # when this reader last woke the collector
 
     def __iter__(self) -> Iterator[str]:
         return itertools.chain.from_iterable(self._blocks())
@@ -236,9 +239,17 @@ class LogIterator:
             if f is not None:
                 f.close()
 
+    def _wake_collector(self) -> None:
+        """Wakes the app's collector (once per ``_WAKE_EVERY``): this reader waits for it."""
+        now = time.monotonic()
+        if self._app is not None and now - self._woken >= _WAKE_EVERY:
+            self._woken = now
+            self._app.wake_collector()
+
     def _committed(self) -> int:
         """The end of the combined log as committed by the collector's index."""
         assert self._app is not None and self._replica is not None
+        self._wake_collector()
         entries, self._index_off = read_index(self._app.index_file(self._replica), self._index_off)
         if entries:
             self._committed_end = entries[-1][3]
@@ -255,6 +266,7 @@ class LogIterator:
         start: int | None = None  # start of the selected range not yet read
         delay, finishing = 0.002, False
         while True:
+            self._wake_collector()
             entries, offset = read_index(index_path, offset)
             for t, *offs in entries:
                 if t > until:

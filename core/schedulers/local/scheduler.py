@@ -602,6 +602,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             if desc is None or is_terminal(desc.state):
                 return
             app.mark(AppDir.CANCELLED, json.dumps(time.time()))  # (before the signals)
+            app.wake_collector()  # (it keeps the grace if this process dies meanwhile)
             obs = observe(app, record)
             if obs is not None and obs.running:
                 running = {g: identities(record)[g] for g in obs.running}

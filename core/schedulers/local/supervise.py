@@ -18,7 +18,7 @@ from core.schedulers.local.appdir import AppDir
 from core.schedulers.local.processes import Identity, terminate
 from core.schedulers.local.records import LOST, SCRIPT_TIMEOUT, AppRecord, ExitCode, FinalState
 
-__all__ = ["Observation", "final_state", "observe", "settle"]
+__all__ = ["Observation", "final_state", "next_due", "observe", "settle"]
 
 
 @dataclass
@@ -131,6 +131,24 @@ def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> 
             for g, sig in killed.items():
                 app.record_exit(g, -sig)
             return
+
+
+def next_due(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> float:
+    """Seconds until :func:`settle` has something to do that no replica's end announces: a
+    cancel's, a gang's or a time limit's grace running out, the checkpoint signal or the time
+    limit (``inf``: nothing is due)."""
+    due = float("inf")
+    ends = (AppDir.CANCELLED, obs.cancelled), (AppDir.GANG, obs.gang), (AppDir.TIMEOUT, obs.timeout)
+    for marker, active in ends:
+        if active:
+            due = min(due, grace - app.age(marker))
+    limit = record.time_limit
+    if limit is not None and record.requeues is None and not obs.cancelled and not obs.timeout:
+        left = limit - (time.time() - record.submit_time)
+        if record.checkpoint_signal is not None and AppDir.CHECKPOINT not in obs.names:
+            due = min(due, left - record.checkpoint_grace)
+        due = min(due, left)
+    return max(due, 0.0)
 
 
 def _limit(app: AppDir, record: AppRecord, obs: Observation, idents: dict[int, Identity]) -> bool:

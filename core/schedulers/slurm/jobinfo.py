@@ -14,6 +14,7 @@ from core.specs import (
     Attempt,
     Reason,
     ReplicaStatus,
+    ResourceUsage,
     Role,
     RoleStatus,
     is_terminal,
@@ -26,6 +27,7 @@ __all__ = [
     "SQUEUE_FORMAT",
     "Component",
     "JobInfo",
+    "Usage",
     "app_state",
     "array_query_ids",
     "expand_task_ids",
@@ -85,6 +87,10 @@ SQUEUE_FORMAT = ",".join(f"{f}:{SEP}" for f in SQUEUE_FIELDS)
 SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "WorkDir", "Comment")
 
 
+#: an ended job's usage by component name (``role-k``): what it used, and its step's state
+Usage = dict[str, tuple[ResourceUsage, str]]
+
+
 @dataclass
 class Component:
     """One het-job component (one replica) as Slurm reports it."""
@@ -113,6 +119,8 @@ class JobInfo:
     array_job: str = ""
     #: the ended attempts before the current one (from accounting: the controller keeps none)
     attempts: list[Attempt] = field(default_factory=list)
+    #: its replicas' usage, when accounting was read for it anyway (``None``: not read)
+    usage: Usage | None = None
 
     @property
     def submit_id(self) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 from collections.abc import Iterable
 
 from core.reports import (
@@ -26,7 +25,7 @@ from core.reports import (
     parse_result,
 )
 from core.schedulers.api import DescribeAppResponse
-from core.schedulers.slurm.jobinfo import SEP, slurm_state
+from core.schedulers.slurm.jobinfo import SEP
 from core.schedulers.slurm.script import result_dir_name
 from core.schedulers.slurm.transport import (
     CommandClient,
@@ -34,25 +33,12 @@ from core.schedulers.slurm.transport import (
     SlurmClient,
     TransportError,
 )
-from core.specs import AppState, ResourceUsage, is_terminal
+from core.schedulers.slurm.usage import USAGE_FIELDS, Usage, parse_usage
+from core.specs import AppState, is_terminal
 
 log = logging.getLogger(__name__)
 
-__all__ = ["USAGE_FIELDS", "apply_usage", "parse_usage", "read_results"]
-
-USAGE_FIELDS = (
-    "JobID",
-    "JobName",
-    "State",
-    "ElapsedRaw",
-    "TotalCPU",
-    "MaxRSS",
-    "ReqMem",
-    "ExitCode",
-    "TRESUsageInMax",
-)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
-
+__all__ = ["apply_usage", "fetch_usage", "read_results"]
 
 # -- results ---------------------------------------------------------------------------------------
 
@@ -104,85 +90,6 @@ def _read_one(files: Files, path: str, role: str, k: int) -> ReplicaResult:
 
 
 # -- usage ----------------------------------------------------------------------------------------
-
-
-def _bytes(text: str) -> int | None:
-    """``218432K`` / ``1000M`` / ``4000Mn`` as bytes."""
-    m = re.fullmatch(r"([\d.]+)([KMGTP]?)[nc]?", text.strip())
-    if not m:
-        return None
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
-
-
-def _seconds(text: str) -> float | None:
-    """sacct's ``[DD-[HH:]]MM:SS[.mmm]`` as seconds."""
-    text = text.strip()
-    if not text:
-        return None
-    days, _, rest = text.rpartition("-")
-    parts = rest.split(":")
-    try:
-        secs = sum(float(p) * 60**i for i, p in enumerate(reversed(parts)))
-        return secs + (int(days) * 86400 if days else 0)
-    except ValueError:
-        return None
-
-
-Usage = dict[str, tuple[ResourceUsage, str]]
-
-
-def parse_usage(out: str) -> dict[str, Usage]:
-    """``sacct -P --delimiter=SEP -o USAGE_FIELDS`` rows as each job's components' usage and
-    the state of their steps: ``{job id: {component name (role-k): (usage, state)}}``."""
-    names: dict[str, str] = {}  # allocation id -> component name
-    req: dict[str, int | None] = {}
-    found: dict[str, Usage] = {}
-    for line in out.splitlines():
-        parts = line.split(SEP)
-        if len(parts) < len(USAGE_FIELDS) - 1:
-            continue
-        parts += [""] * (len(USAGE_FIELDS) - len(parts))  # (TRESUsageInMax is optional)
-        job_id, name, state, elapsed, cpu, maxrss, reqmem, code, tres = parts[: len(USAGE_FIELDS)]
-        alloc, _, step = job_id.partition(".")
-        if not step:
-            names[alloc], req[alloc] = name, _bytes(reqmem)
-            continue
-        if not step.isdigit() or alloc not in names:
-            continue  # (the batch and extern steps are not the replica)
-        usage = ResourceUsage(
-            wall_time=float(elapsed) if elapsed.isdigit() else None,
-            cpu_time=_seconds(cpu),
-            peak_memory=_bytes(maxrss) if maxrss else None,
-            requested_memory=req.get(alloc),
-            peak_gpu_memory=_gpu_memory(tres),
-        )
-        usage.oom_killed = _oom_killed(slurm_state(state), code, usage)
-        job = alloc.split("+", 1)[0]  # (a heterogeneous job's components are <id>+<n>)
-        found.setdefault(job, {})[names[alloc]] = (usage, slurm_state(state))
-    return found
-
-
-def _gpu_memory(tres: str) -> int | None:
-    """The ``gres/gpumem`` peak of a step's ``TRESUsageInMax`` (only where the cluster gathers
-    GPU usage: ``AcctGatherGpuType``/NVML), in bytes."""
-    for item in tres.split(","):
-        key, _, value = item.partition("=")
-        if key == "gres/gpumem":
-            return _bytes(value)
-    return None
-
-
-def _oom_killed(state: str, exit_code: str, usage: ResourceUsage) -> bool:
-    """Killed for memory: ``OUT_OF_MEMORY`` (task/cgroup), or, where the accounting plugin
-    enforces ``--mem`` (``JobAcctGatherParams=OverMemoryKill``), a step ended by SIGKILL
-    (``ExitCode`` ``0:9``) with a sampled peak past its request: that plugin kills only then
-    (a cgroup holds the peak at the limit). A step that exceeded without enforcement and then
-    exited, or was cancelled with SIGTERM, is not named out of memory."""
-    if state == "OUT_OF_MEMORY":
-        return True
-    peak, req = usage.peak_memory, usage.requested_memory
-    killed = exit_code.partition(":")[2] == "9"
-    return state in ("CANCELLED", "FAILED") and killed and bool(peak and req and peak > req)
 
 
 def fetch_usage(client: SlurmClient, job_ids: list[str]) -> dict[str, Usage] | None:

@@ -467,24 +467,30 @@ class SlurmScheduler(DirWorkspaceMixin, Scheduler[SlurmBatchRequest]):
         ids = list(app_ids)
         infos = self._job_infos(ids)
         out = {a: (to_response(infos[a], a) if a in infos else None) for a in ids}
-        self._add_usage([r for r in out.values() if r is not None])
+        read = {a: info.usage for a, info in infos.items() if info.usage is not None}
+        self._add_usage([r for r in out.values() if r is not None], read)
         return out
 
-    def _add_usage(self, responses: list[DescribeAppResponse]) -> None:
-        """Each ended job's replica usage from accounting: one ``sacct`` per cluster for the
-        jobs whose usage is not complete yet (then remembered)."""
+    def _add_usage(
+        self, responses: list[DescribeAppResponse], read: dict[str, outcome.Usage]
+    ) -> None:
+        """Each ended job's replica usage from accounting: ``read`` with its state already
+        (a job the controller forgot), else one ``sacct`` per cluster for the jobs whose usage
+        is not complete yet (then remembered)."""
         ended = [r for r in responses if is_terminal(r.state)]
         asking: dict[str | None, list[str]] = {}
         for resp in ended:
             parts = _split(resp.app_id)
-            if resp.app_id not in self._usage and parts is not None:
+            if resp.app_id not in self._usage and resp.app_id not in read and parts is not None:
                 asking.setdefault(parts[0], []).append(parts[1])
         fetched: dict[str, outcome.Usage] = {}
         for cluster, job_ids in asking.items():
             found = outcome.fetch_usage(self.client(cluster), job_ids) or {}
             fetched.update({_join(cluster, j): u for j, u in found.items()})
         for resp in ended:
-            usage = self._usage.get(resp.app_id) or fetched.get(resp.app_id)
+            usage = (
+                self._usage.get(resp.app_id) or read.get(resp.app_id) or fetched.get(resp.app_id)
+            )
             if usage is None:
                 continue
             if outcome.complete(resp, usage):

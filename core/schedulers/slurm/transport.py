@@ -31,6 +31,7 @@ from core.schedulers.slurm.jobinfo import (
     parse_squeue,
 )
 from core.schedulers.slurm.script import SlurmBatchRequest
+from core.schedulers.slurm.usage import ACCOUNTING_FIELDS, parse_usage, split_accounting
 from core.transient import BackendUnavailableError
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,8 @@ class SlurmClient(abc.ABC):
 
     @abc.abstractmethod
     def accounting_jobs(self, job_ids: list[str]) -> dict[str, JobInfo] | None:
-        """What accounting knows of ``job_ids`` (None if the cluster has no accounting).
+        """What accounting knows of ``job_ids`` (None if the cluster has no accounting); a
+        client that reads usage in the same call sets each job's ``usage``.
 
         Raises:
             AccountingUnavailableError: accounting did not answer.
@@ -363,7 +365,8 @@ class CommandClient(SlurmClient):
         return {k: v for k, v in parse_squeue(p.stdout).items() if k in wanted}, None
 
     def accounting_jobs(self, job_ids: list[str]) -> dict[str, JobInfo] | None:
-        fields = ",".join(SACCT_FIELDS)
+        """The jobs' records with their usage (``JobInfo.usage``), from one ``sacct``."""
+        fields = ",".join(ACCOUNTING_FIELDS)
         argv = [
             "sacct",
             "-n",
@@ -386,7 +389,12 @@ class CommandClient(SlurmClient):
             raise AccountingUnavailableError(
                 "sacct: " + "".join(p.stderr.strip().splitlines()[-1:])
             )
-        return parse_sacct(p.stdout)
+        records, usage_rows = split_accounting(p.stdout)
+        jobs = parse_sacct(records)
+        usage = parse_usage(usage_rows)
+        for job_id, info in jobs.items():
+            info.usage = usage.get(job_id, {})
+        return jobs
 
     def user_jobs(self, marked: str | None = None) -> dict[str, JobInfo]:
         p = self.shell.run(["squeue", "-h", "-r", "-t", "all", "--me", "-O", SQUEUE_FORMAT])

@@ -28,7 +28,14 @@ def test_run_prints_the_handle_and_once_waited_for_the_final_status(tmp_path: Pa
     (only,) = objects(r.stdout)
     assert list(only) == ["app_handle"] and only["app_handle"].startswith("local_cwd://")
 
-    script = "echo $SHIPYARD_REPLICA_ID; exit $SHIPYARD_REPLICA_ID"
+    # replica 1 fails once replica 0 ignores SIGTERM: else the gang's SIGTERM may end replica 0
+    # before its own exit 0 (a loaded run saw [-15, 1])
+    ready = tmp_path / "ready0"
+    script = (
+        f"if [ $SHIPYARD_REPLICA_ID = 0 ]; then trap '' TERM; touch {ready};"
+        f" else while [ ! -e {ready} ]; do sleep 0.01; done; fi;"
+        " echo $SHIPYARD_REPLICA_ID; exit $SHIPYARD_REPLICA_ID"
+    )
     r = sh("run", "--json", "--wait", "--replicas", "2", "--", "sh", "-c", script, cwd=tmp_path)
     assert r.returncode == 1, r.stderr  # (replica 1 failed)
     (final,) = objects(r.stdout)

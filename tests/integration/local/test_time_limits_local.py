@@ -12,7 +12,7 @@ from core.runner import Runner
 from core.schedulers.api import Stream
 from core.schedulers.local.appdir import AppDir, apps_root
 from core.specs import AppDef, AppState, Role, parse_app_handle
-from tests.helpers import TRAINING, TRAINING_STEPS
+from tests.helpers import TRAINING, TRAINING_STEPS, wait_until
 from tests.integration import arrays
 
 
@@ -40,6 +40,29 @@ def test_a_replica_gets_the_signal_grace_seconds_before_the_limit_then_ends(
     # the checkpoint signal came first, about the grace before the limit
     gap = float(term.read_text()) - float(ckpt.read_text())
     assert 1.0 < gap < 3.0, gap
+
+
+def test_the_collector_alone_keeps_the_signal_and_the_limit_on_time(
+    runner: Runner, tmp_path: Path
+) -> None:
+    """Nobody describes the app: its collector, asleep between looks at an idle app, wakes
+    itself for the checkpoint signal and for the limit."""
+    ckpt, term = tmp_path / "ckpt", tmp_path / "term"
+    script = (
+        f"trap '{_stamp(ckpt)}' USR1; trap '{_stamp(term)}; exit 143' TERM;"
+        " while :; do sleep 0.05; done"
+    )
+    app = AppDef("alone", [Role("w", entrypoint="sh", args=["-c", script])])
+    cfg = {"time_limit": "5s", "checkpoint_signal": "USR1", "checkpoint_grace": 2}
+    handle = runner.run(app, "local_cwd", cfg)
+    app_dir = AppDir(apps_root(), parse_app_handle(handle).app_id)
+    record = app_dir.read_record()
+    assert record is not None
+    wait_until(lambda: term.exists() and term.read_text(), 60, "the limit's SIGTERM")
+    at_ckpt = float(ckpt.read_text()) - record.submit_time
+    at_term = float(term.read_text()) - record.submit_time
+    assert 2.7 < at_ckpt < 3.9, at_ckpt  # (3 s: the limit less the grace)
+    assert 4.7 < at_term < 5.9, at_term
 
 
 def test_without_a_checkpoint_signal_the_limit_ends_a_replica_ignoring_sigterm(

@@ -15,6 +15,7 @@ from core.runner import Runner
 from core.schedulers.api import DescribeAppResponse
 from core.schedulers.slurm import outcome
 from core.schedulers.slurm.jobinfo import SEP
+from core.schedulers.slurm.usage import parse_usage
 from core.specs import AppDef, AppState, ReplicaStatus, Resource, Role, RoleStatus, make_app_handle
 from tests.integration.docker.usage_probe import MEASURE
 from tests.integration.slurm.slurm_clusters import CLUSTERS, Cluster, make_cluster, wait
@@ -176,7 +177,7 @@ def test_oom_killed_component_is_named_with_its_peak() -> None:
         ["7+0.batch", "batch", "OUT_OF_MEMORY", "12", "00:00.010", "9000K", "", "0:125"],
         ["7+0.0", "python3", "OUT_OF_MEMORY", "12", "00:03.490", "524000K", "", "0:125"],
     ]
-    usage = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))["7"]
+    usage = parse_usage("\n".join(SEP.join(r) for r in rows))["7"]
     resp = DescribeAppResponse(
         app_id="7",
         state=AppState.FAILED,
@@ -211,7 +212,7 @@ def test_only_a_sigkilled_step_past_its_request_is_out_of_memory(
         ["8+0", "w-0", "FAILED", "5", "", "", "300M", "9:0"],
         ["8+0.0", "python3", state, "5", "00:01.000", "600000K", "", code],
     ]
-    usage, _ = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))["8"]["w-0"]
+    usage, _ = parse_usage("\n".join(SEP.join(r) for r in rows))["8"]["w-0"]
     assert usage.peak_memory == 600000 << 10 and usage.oom_killed is oom
 
 
@@ -222,7 +223,7 @@ def test_gpu_memory_peak_from_tres_usage() -> None:
         ["9", "t-0", "COMPLETED", "70", "", "", "4000M", "0:0", ""],
         ["9.0", "python3", "COMPLETED", "70", "01:00.000", "2G", "", "0:0", tres],
     ]
-    usage, _ = outcome.parse_usage("\n".join(SEP.join(r) for r in rows))["9"]["t-0"]
+    usage, _ = parse_usage("\n".join(SEP.join(r) for r in rows))["9"]["t-0"]
     assert usage.peak_gpu_memory == 3000 << 20 and usage.peak_memory == 2 << 30
     assert usage.format() == "wall 70.0s, cpu 60.0s, peak 2 GiB of 3.9 GiB, GPU peak 2.9 GiB"
 

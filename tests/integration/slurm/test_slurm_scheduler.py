@@ -536,6 +536,9 @@ def test_two_role_app_pending_running_completed_from_elsewhere(
         ("ps", 0): 0,
     }
     assert {r.hostname for r in _replicas(from_acct).values()} == set(hosts.values())
+    if cluster.transport != "rest":  # (the same sacct has the usage: slurmrestd's is not read)
+        assert acct.usage is not None and set(acct.usage) == {"trainer-0", "trainer-1", "ps-0"}
+        assert all(u.wall_time is not None for u, _ in acct.usage.values()), acct.usage
 
 
 def test_failing_replica_gives_failed_with_its_exit_code(cluster: Cluster) -> None:
