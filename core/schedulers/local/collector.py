@@ -248,6 +248,7 @@ def _collect(app: AppDir, record: AppRecord, grace: float, follow: bool) -> None
     poller = select.poll()
     for fd in pidfds:
         poller.register(fd, select.POLLIN)
+    watched = set(pidfds.values())  # the replicas whose end wakes this collector
     wake_fd = app.open_wake() if pidfds else -1
     if wake_fd >= 0:
         poller.register(wake_fd, select.POLLIN)
@@ -267,11 +268,10 @@ def _collect(app: AppDir, record: AppRecord, grace: float, follow: bool) -> None
                     return
                 if obs.done is None and follow:
                     settle(app, record, obs, grace)
-                next_observe = now + (
-                    min(_IDLE_MAX, next_due(app, record, obs, grace))
-                    if wake_fd >= 0 and obs.done is None
-                    else _OBSERVE_EVERY
-                )
+                if wake_fd >= 0 and obs.done is None and watched.issuperset(obs.running):
+                    next_observe = now + min(_IDLE_MAX, next_due(app, record, obs, grace))
+                else:  # (an end that no pidfd announces is seen by looking)
+                    next_observe = now + _OBSERVE_EVERY
                 ended = (
                     set(range(len(logs)))
                     if obs.done
