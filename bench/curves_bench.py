@@ -96,7 +96,7 @@ def _worker(ctx: Ctx, *args: str, timeout: float = 1200) -> dict[str, Any]:
     p = subprocess.run([ctx.python, "-m", "bench.curves_worker", *args], capture_output=True,
                        text=True, timeout=timeout, check=False)  # fmt: skip
     if p.returncode != 0:
-        raise RuntimeError(f"curves_worker {args[0]} failed: {p.stderr.strip()[-500:]}")
+        raise RuntimeError(f"curves_worker {args[0]} failed: {p.stderr.strip()[-3000:]}")
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     return out
 

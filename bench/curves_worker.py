@@ -51,9 +51,13 @@ def follow_mem(handles_file: str) -> dict[str, Any]:
     """One :class:`~core.watch.JobWatch` per handle on one event loop (as a triggerer or the
     Prefect worker follows its jobs), through the process's one status poller: the RSS
     before and once every watch has been answered by three rounds of the poller."""
+    import faulthandler
+
     from core.runner import get_runner
     from core.watch import JobWatch, status_poller
 
+    # a worker that hangs shows where, before the section's 180 s timeout kills it
+    faulthandler.dump_traceback_later(170, exit=True)
     with open(handles_file) as f:
         handles = f.read().split()
     runner = get_runner("benchfollow")
