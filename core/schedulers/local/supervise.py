@@ -123,9 +123,8 @@ def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> 
             for i in obs.running:
                 idents[i].signal_group(signal.SIGTERM)
         return
-    ends = (AppDir.CANCELLED, obs.cancelled), (AppDir.GANG, obs.gang), (AppDir.TIMEOUT, obs.timeout)
-    for marker, active in ends:
-        if active and app.age(marker) > grace:
+    for marker in _ending(obs):
+        if app.age(marker) > grace:
             running = {g: idents[g] for g in obs.running}
             killed = terminate(record.app_id, running, grace=0.0, scan=False)
             for g, sig in killed.items():
@@ -133,15 +132,20 @@ def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> 
             return
 
 
+def _ending(obs: Observation) -> list[str]:
+    """The markers of what is ending the app (a cancel, a gang, the time limit): after their
+    grace period, survivors get SIGKILL."""
+    ends = (AppDir.CANCELLED, obs.cancelled), (AppDir.GANG, obs.gang), (AppDir.TIMEOUT, obs.timeout)
+    return [marker for marker, active in ends if active]
+
+
 def next_due(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> float:
     """Seconds until :func:`settle` has something to do that no replica's end announces: a
     cancel's, a gang's or a time limit's grace running out, the checkpoint signal or the time
     limit (``inf``: nothing is due)."""
     due = float("inf")
-    ends = (AppDir.CANCELLED, obs.cancelled), (AppDir.GANG, obs.gang), (AppDir.TIMEOUT, obs.timeout)
-    for marker, active in ends:
-        if active:
-            due = min(due, grace - app.age(marker))
+    for marker in _ending(obs):
+        due = min(due, grace - app.age(marker))
     limit = record.time_limit
     if limit is not None and record.requeues is None and not obs.cancelled and not obs.timeout:
         left = limit - (time.time() - record.submit_time)
