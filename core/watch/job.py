@@ -31,7 +31,7 @@ import queue
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.errors import JobCancelledError, JobSilentError
 from core.reports import fill_usage, with_usage
@@ -42,12 +42,34 @@ from core.watch.polling import FIRST_DELAY, Logger, OwnWatch, StatusWatch, statu
 from core.watch.silence import SilenceWatch
 from core.watch.source import JobSource
 
+if TYPE_CHECKING:
+    import asyncio
+
 log = logging.getLogger(__name__)
 
 __all__ = ["JobWatch", "WatchEnd", "is_interrupt"]
 
 #: what the poller puts in the inbox when the app has a new status
 _WAKE: Any = object()
+
+
+async def take_items(inbox: asyncio.Queue[Any], seconds: float) -> list[Any]:
+    """The items in ``inbox``, once one came within ``seconds`` (else none).
+
+    A cancellation always ends the wait, even one that comes as an item does (Python 3.11's
+    ``asyncio.wait_for`` returns the item then, and the cancelled watch would go on); the item
+    stays in the queue.
+    """
+    import asyncio  # (lazily: the sync face and the CLI's start-up need none of it)
+
+    try:
+        async with asyncio.timeout(max(seconds, 0.0)):
+            items = [await inbox.get()]
+    except TimeoutError:
+        return []
+    while not inbox.empty():
+        items.append(inbox.get_nowait())
+    return items
 
 
 def is_interrupt(exc: BaseException) -> bool:
@@ -283,13 +305,7 @@ class JobWatch:
         import asyncio
 
         if isinstance(effect, _Wait):
-            try:
-                items = [await asyncio.wait_for(inbox.get(), max(effect.seconds, 0.0))]
-            except TimeoutError:
-                return []
-            while not inbox.empty():
-                items.append(inbox.get_nowait())
-            return items
+            return await take_items(inbox, effect.seconds)
         if isinstance(effect, _Call):
             return await asyncio.to_thread(effect.fn, *effect.args)
         if effect.op == "load":

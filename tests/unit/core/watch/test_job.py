@@ -14,7 +14,8 @@ import pytest
 from core.errors import BackendUnavailableError, JobCancelledError, JobSilentError
 from core.runner import Runner
 from core.specs import AppDef, AppState, Role
-from core.watch import JobWatch, LogCursor, LogLine, MemoryCursorStore, WatchEnd
+from core.watch import JobWatch, LogCursor, LogLine, MemoryCursorStore, WatchEnd, status_poller
+from core.watch.job import take_items
 from tests.unit.core.memory_scheduler import MemoryScheduler, create_scheduler
 
 
@@ -173,6 +174,47 @@ def test_an_interruption_cancels_only_when_told(runner: Runner, face: str, cance
     assert MemoryScheduler.apps[app_id]["state"] == (
         AppState.CANCELLED if cancel else AppState.RUNNING
     )
+
+
+def test_a_cancel_that_comes_with_a_status_ends_the_async_watch(runner: Runner) -> None:
+    # the poller wakes the watch and, in the same round, the caller's task is cancelled (as a
+    # triggerer cleans up a trigger): the watch must end, not take the status and go on
+    handle, _ = submit(runner, 1)
+
+    async def main() -> tuple[bool, asyncio.Task[WatchEnd]]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(JobWatch(runner, handle, poll_interval=0.05).run_async())
+        await asyncio.sleep(0)  # (its first step takes its watch of the poller)
+        with status_poller().watch(handle, runner, 0.05) as after_it:
+            after_it.add_listener(lambda: loop.call_soon_threadsafe(task.cancel))
+            await asyncio.wait({task}, timeout=10)
+        ended = task.done()
+        if not ended:
+            task.cancel()  # (again, so that the test ends)
+            await asyncio.wait({task})
+        return ended, task
+
+    ended, task = asyncio.run(main())
+    assert ended, "the watch went on after its task was cancelled"
+    assert task.cancelled()
+
+
+def test_take_items_keeps_an_item_that_comes_with_a_cancel() -> None:
+    async def main() -> None:
+        inbox: asyncio.Queue[int] = asyncio.Queue()
+        task = asyncio.create_task(take_items(inbox, 10))
+        await asyncio.sleep(0)
+        inbox.put_nowait(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert inbox.get_nowait() == 1
+        assert await take_items(inbox, 0) == []
+        inbox.put_nowait(2)
+        inbox.put_nowait(3)
+        assert await take_items(inbox, 0) == [2, 3]
+
+    asyncio.run(main())
 
 
 def test_an_ordinary_error_leaves_the_job_running(runner: Runner) -> None:
