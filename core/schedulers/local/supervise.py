@@ -111,8 +111,7 @@ def settle(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> Fi
 
 
 def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> None:
-    idents = identities(record)
-    if _limit(app, record, obs, idents):
+    if _limit(app, record, obs):
         return
     if not obs.cancelled and not obs.gang and obs.failed:
         g = obs.failed[0]
@@ -120,11 +119,11 @@ def _enforce(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> 
         info = {"replica": g, "role": rep.role, "k": rep.replica_id, "time": time.time(),
                 "terminated": obs.running}  # fmt: skip
         if app.mark(AppDir.GANG, json.dumps(info)):
-            for i in obs.running:
-                idents[i].signal_group(signal.SIGTERM)
+            _signal(record, obs.running, signal.SIGTERM)
         return
     for marker in _ending(obs):
         if app.age(marker) > grace:
+            idents = identities(record)
             running = {g: idents[g] for g in obs.running}
             killed = terminate(record.app_id, running, grace=0.0, scan=False)
             for g, sig in killed.items():
@@ -155,7 +154,13 @@ def next_due(app: AppDir, record: AppRecord, obs: Observation, grace: float) -> 
     return max(due, 0.0)
 
 
-def _limit(app: AppDir, record: AppRecord, obs: Observation, idents: dict[int, Identity]) -> bool:
+def _signal(record: AppRecord, replicas: list[int], sig: signal.Signals) -> None:
+    idents = identities(record)
+    for g in replicas:
+        idents[g].signal_group(sig)
+
+
+def _limit(app: AppDir, record: AppRecord, obs: Observation) -> bool:
     """The time limit: the checkpoint signal ``checkpoint_grace`` seconds before it, then, at
     it, SIGTERM to every running replica (as a cancel; SIGKILL follows after the grace).
     The first observer to mark each step acts. True if the limit was reached just now."""
@@ -166,15 +171,13 @@ def _limit(app: AppDir, record: AppRecord, obs: Observation, idents: dict[int, I
     sig = record.checkpoint_signal
     if sig is not None and elapsed >= limit - record.checkpoint_grace:
         if app.mark(AppDir.CHECKPOINT, json.dumps({"signal": sig, "time": time.time()})):
-            for g in obs.running:
-                idents[g].signal_group(signal.Signals[f"SIG{sig}"])
+            _signal(record, obs.running, signal.Signals[f"SIG{sig}"])
     if elapsed < limit:
         return False
     info = {"time_limit": limit, "time": time.time(), "terminated": obs.running}
     if app.mark(AppDir.TIMEOUT, json.dumps(info)):
         obs.timeout = True
-        for g in obs.running:
-            idents[g].signal_group(signal.SIGTERM)
+        _signal(record, obs.running, signal.SIGTERM)
     return True
 
 

@@ -69,7 +69,7 @@ def test_forget_evict_and_close_release_every_pidfd(
     sleepers: list[subprocess.Popen[bytes]],
 ) -> None:
     before = _open_fds()
-    live = Liveness(max_apps=2)
+    live = Liveness(max_fds=6)  # two apps of three replicas
     for app_id in ("a-1", "a-2", "a-3"):
         live.checker(app_id, _record(sleepers, app_id))
         live.checker(app_id, _record(sleepers, app_id))
