@@ -34,7 +34,6 @@ import logging
 import os
 import re
 import shlex
-import subprocess
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -265,6 +264,8 @@ class ClusterConfig:
 
     def _run_token_command(self) -> str:
         assert self.token_command
+        import subprocess  # (lazily: start-up)
+
         try:
             p = subprocess.run(
                 shlex.split(self.token_command),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -91,7 +90,8 @@ def is_transient(exc: BaseException) -> bool:
     server error (HTTP 5xx, e.g. a Docker engine), not a verdict on the request."""
     if isinstance(exc, BackendUnavailableError | ConnectionError | TimeoutError):
         return True
-    if isinstance(exc, subprocess.TimeoutExpired):
+    subprocess = sys.modules.get("subprocess")  # (a TimeoutExpired means it was loaded)
+    if subprocess is not None and isinstance(exc, subprocess.TimeoutExpired):
         return True
     if _is_requests_connection_error(exc):
         return True

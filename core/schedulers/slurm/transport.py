@@ -16,7 +16,6 @@ import os
 import posixpath
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -222,6 +221,8 @@ class LocalShell(Shell):
         retry: bool = True,
     ) -> CommandResult:
         argv = self.slurm_argv(argv)
+        import subprocess  # (lazily: start-up)
+
         try:
             p = subprocess.run(
                 argv,
