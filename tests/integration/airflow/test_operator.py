@@ -224,6 +224,9 @@ def test_on_kill_leaves_the_job_to_the_try_that_replaces_this_one(
     handle = wait_until(lambda: op._handle, what="submission")
     try:
         wait_until(lambda: runner.status(handle).state == AppState.RUNNING, what="RUNNING")
+        # (the task follows the job: until then on_kill cancels it, as it cannot tell yet
+        # whether the try was replaced)
+        wait_until(lambda: op._this_try is not None, what="the task to follow the job")
         store.replaced, ti.state = replaced, state
         if cancels:
             op.on_kill()
