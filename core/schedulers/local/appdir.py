@@ -467,10 +467,10 @@ def _read_text(path: str) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    chunks = []
     try:
-        chunks = [os.read(fd, 65536)]
-        while chunks[-1]:
-            chunks.append(os.read(fd, 1 << 20))
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
     finally:
         os.close(fd)
     return b"".join(chunks).decode("utf-8", "replace")
