@@ -3,7 +3,9 @@
 Replicas of an app with more than one container share a per-app bridge network (named after the
 app id) on which each replica is reachable by the hostname ``{role}-{replica_id}``; an app of one
 container runs on the engine's default bridge. ``max_retries`` becomes the containers'
-``on-failure`` restart policy (Docker restarts a failed replica alone; no gang restart).
+``on-failure`` restart policy (Docker restarts a failed replica alone; no gang restart). Once
+a replica has failed for good, the others are stopped and the app ends FAILED when they have
+(:mod:`~core.schedulers.docker.gang`).
 
 Everything the scheduler knows lives in the engine (container labels and record volumes), so
 ``describe``, ``list``, ``log_iter`` and ``cancel`` work from any process; the client keeps no
@@ -25,6 +27,7 @@ state. Where each concern lives:
   submission's deadline. Only reads.
 - :mod:`~core.schedulers.docker.retire`: tombstones (an app's final state), log archives, and
   the sweep that removes ended apps' networks at once and their containers after ``retention``.
+- :mod:`~core.schedulers.docker.gang`: stopping the other replicas once one failed for good.
 - :mod:`~core.schedulers.docker.logs`: log lines, read or followed (long lines whole).
 - :mod:`~core.schedulers.docker.scheduler`: :class:`DockerScheduler`, wiring the above.
 

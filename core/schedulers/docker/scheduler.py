@@ -20,7 +20,17 @@ from core.schedulers.api import (
     check_stream,
     filter_regex,
 )
-from core.schedulers.docker import checks, images, logs, outcome, request, retire, state, submit
+from core.schedulers.docker import (
+    checks,
+    gang,
+    images,
+    logs,
+    outcome,
+    request,
+    retire,
+    state,
+    submit,
+)
 from core.schedulers.docker.engine import DockerEngine, connect
 from core.schedulers.docker.model import (
     BACKEND,
@@ -50,7 +60,8 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
     """Runs apps on a Docker engine, one container per replica (``local_docker``).
 
     Docker does not gang-schedule: if one replica fails, only that replica is restarted (up to
-    its role's ``max_retries``). ``describe`` gives the app's state and every replica's status
+    its role's ``max_retries``). Once a replica has failed for good, the app's other replicas
+    are stopped (see :mod:`.gang`): the app reads RUNNING until they have ended, then FAILED. ``describe`` gives the app's state and every replica's status
     but not the complete original AppDef. Workspaces are overlaid on the role's image (see
     :meth:`build_workspace_image`); with ``image_repo`` the patched image is pushed there.
     Images are pulled as the run option ``pull`` says, and pushes and pulls use the client's
@@ -80,6 +91,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
         self._usage = UsageBook(self._executor)
         self._janitor = retire.Janitor(lambda: self._api, self._executor, self._usage)
         self._freed: set[str] = set()
+        self._gang = gang.Gang(lambda: self._api, lambda: self.grace)
 
     # -- resources ---------------------------------------------------------------------------
 
@@ -199,6 +211,8 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             return seen
 
         resp = state.resolve(app_id, containers, records, restarts, now)
+        if resp is not None and resp.state == AppState.RUNNING and containers:
+            self._gang.stop_survivors(app_id, containers)
         self._free_if_ended(resp, containers, seen)
         return resp
 

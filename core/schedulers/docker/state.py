@@ -181,6 +181,8 @@ def summarize(
         )
     elif missing and state == AppState.FAILED and not msgs:
         msgs.append(f"replica container(s) missing: {', '.join(missing)}")
+    elif state == AppState.RUNNING and gang_survivors(containers):
+        msgs.append("stopping the other replicas")
     resp = DescribeAppResponse(
         app_id=app_id,
         state=state,
@@ -252,17 +254,27 @@ def _roles(
 
 
 def _app_state(states: list[AppState], missing: list[str]) -> AppState:
+    """The app ends when every replica has ended (gang semantics: once one failed for good, the
+    scheduler stops the others), so an ended app's state and exit codes are final."""
     if AppState.CANCELLED in states:
         return AppState.CANCELLED
-    if AppState.FAILED in states or AppState.UNKNOWN in states:
+    if any(s in (AppState.PENDING, AppState.RUNNING) for s in states):
+        return AppState.PENDING if all(s == AppState.PENDING for s in states) else AppState.RUNNING
+    if missing or any(s != AppState.SUCCEEDED for s in states):
         return AppState.FAILED
-    if missing and all(is_terminal(s) for s in states):
-        return AppState.FAILED
-    if not missing and all(s == AppState.SUCCEEDED for s in states):
-        return AppState.SUCCEEDED
-    if any(s in (AppState.RUNNING, AppState.SUCCEEDED) for s in states):
-        return AppState.RUNNING
-    return AppState.PENDING
+    return AppState.SUCCEEDED
+
+
+def gang_survivors(containers: Containers) -> Containers:
+    """The containers still running or to be restarted in an app one of whose replicas failed
+    for good (its container exited non-zero with no restart to come, or died): the scheduler
+    stops them. None while the app is being cancelled."""
+    if any(is_cancelling(c) for c in containers):
+        return []
+    ended = [replica_state(c.get("State", ""), c.get("Status", "")) for c in containers]
+    if not any(s in (AppState.FAILED, AppState.UNKNOWN) for s, _ in ended):
+        return []
+    return [c for c in containers if c.get("State") in ("running", "restarting", "paused")]
 
 
 def from_tombstone(app_id: str, labels: Labels) -> DescribeAppResponse:

@@ -414,23 +414,31 @@ def remove_network(api: Any, name_or_id: str) -> None:
 
 
 def stop_and_remove(
-    api: Any, containers: list[dict[str, Any]], cancel: bool = True, grace: float | None = None
+    api: Any,
+    containers: list[dict[str, Any]],
+    cancel: bool = True,
+    grace: float | None = None,
+    remove: bool = True,
 ) -> None:
     """Stops each container (SIGTERM, SIGKILL after its ``stop_timeout``, or after ``grace``
-    seconds if given) and removes it; with ``cancel`` renames it first, so that a concurrent
-    describe reads its exit as a cancellation. One thread per container: every replica gets its
-    grace period at the same time."""
+    seconds if given) and, with ``remove``, removes it; with ``cancel`` renames it first, so
+    that a concurrent describe reads its exit as a cancellation. One thread per container:
+    every replica gets its grace period at the same time."""
+
+    def one(c: Mapping[str, Any]) -> None:
+        _stop_and_remove_one(api, c, cancel, grace, remove)
+
     if len(containers) == 1:
-        _stop_and_remove_one(api, containers[0], cancel, grace)
+        one(containers[0])
         return
     with ThreadPoolExecutor(
         max_workers=min(len(containers), 64), thread_name_prefix="shipyard-docker-stop"
     ) as pool:
-        parallel(pool, lambda c: _stop_and_remove_one(api, c, cancel, grace), containers)
+        parallel(pool, one, containers)
 
 
 def _stop_and_remove_one(
-    api: Any, c: Mapping[str, Any], cancel: bool, grace: float | None = None
+    api: Any, c: Mapping[str, Any], cancel: bool, grace: float | None, remove: bool
 ) -> None:
     from docker.errors import APIError, NotFound
 
@@ -446,7 +454,8 @@ def _stop_and_remove_one(
             _mark_cancelled(api, c)
         if c.get("State") in ("running", "restarting", "paused"):
             api.stop(c["Id"], timeout=timeout)
-        api.remove_container(c["Id"], force=True)
+        if remove:
+            api.remove_container(c["Id"], force=True)
     except NotFound:
         pass
     except APIError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from core.runner import get_runner
 from core.schedulers.docker import retire
 from core.schedulers.docker.model import LABEL_APP_ID
 from core.schedulers.docker_scheduler import DockerScheduler, create_scheduler
-from core.specs import AppDef, AppState, Role
+from core.specs import AppDef, AppState, BindMount, Role
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.docker
@@ -102,21 +103,34 @@ def test_the_describe_that_sees_the_end_frees_the_network_once(
     assert removed == [a, b]
 
 
-def test_a_failed_app_keeps_its_network_while_a_replica_runs(
-    sched: DockerScheduler, docker_client: Any
+def test_a_failed_replica_stops_the_others_and_the_app_ends_when_they_have(
+    sched: DockerScheduler, docker_client: Any, tmp_path: Path
 ) -> None:
-    # replica 0 fails at once, which ends the app; replica 1 goes on until the test lets it end
-    script = '[ "$SHIPYARD_REPLICA_ID" = 0 ] && exit 3; trap "exit 0" TERM; sleep 60 & wait'
-    app_id = sched.submit(two_replicas("partly", script), {})
-    name = f"{app_id}-r-1"
-    wait_until(
-        lambda: sched.describe(app_id).state == AppState.FAILED,  # type: ignore[union-attr]
-        120,
-        f"{app_id} to fail",
+    # replica 0 fails at once; replica 1 runs until stopped, and its TERM handler waits for the
+    # test, so the moment between the failure and the app's end can be looked at
+    script = (
+        '[ "$SHIPYARD_REPLICA_ID" = 0 ] && exit 3; '
+        "trap 'touch /x/term; until [ -e /x/release ]; do sleep 0.1; done; exit 0' TERM; "
+        "sleep 600 & wait"
     )
-    assert docker_client.api.inspect_container(name)["State"]["Running"]
+    app = two_replicas("partly", script)
+    app.roles[0].mounts = [BindMount(str(tmp_path), "/x")]
+    app_id = sched.submit(app, {})
+    # the describes that see replica 0 failed stop replica 1 (nothing else would)
+    wait_until(lambda: sched.describe(app_id) and (tmp_path / "term").exists(), 120, "the stop")
+    desc = sched.describe(app_id)
+    assert desc is not None and desc.state == AppState.RUNNING, desc
+    assert [(r.state, r.exit_code) for r in desc.roles_statuses[0].replicas] == [
+        (AppState.FAILED, 3),
+        (AppState.RUNNING, None),
+    ]
+    assert desc.msg == "r/0 exited with code 3; stopping the other replicas", desc.msg
     assert has_network(docker_client, app_id)  # (replica 1 still uses it)
-    docker_client.api.stop(name, timeout=10)
-    wait_until(exited(docker_client, app_id), 60, f"{name} to exit")
-    assert sched.describe(app_id).state == AppState.FAILED  # type: ignore[union-attr]
+
+    (tmp_path / "release").touch()
+    with get_runner(sched.session_name) as runner:
+        status = runner.wait(f"local_docker://{sched.session_name}/{app_id}", timeout=120)
+    assert status is not None and status.state == AppState.FAILED, status
+    assert status.exit_codes() == {"r": [3, 0]}  # final: every replica's own code
+    assert "r/0 exited with code 3" in status.msg
     assert not has_network(docker_client, app_id)
