@@ -3,9 +3,11 @@ stopped, so the app ends (and reads FAILED) with every exit code known, as on th
 scheduler and on Slurm, and no survivor runs on after its app was reported over.
 
 The engine has no such mechanism; the ``describe`` that sees the failure asks for the stop, in
-the background (a stop takes up to the app's ``stop_timeout``, and a describe must stay fast).
-Each scheduler asks once per container while its stop is under way; another process describing
-the same app may ask again, which the engine takes as the same stop.
+a daemon thread (a stop takes up to the app's ``stop_timeout``; a describe must stay fast, and a
+one-shot ``shipyard status`` must not wait for it). Each scheduler asks once per container while
+its stop is under way; a stop not yet asked for when the process exits is asked for by the next
+describe. Another process describing the same app at the same time asks too: the replica then
+gets its stop signal twice.
 """
 
 from __future__ import annotations
