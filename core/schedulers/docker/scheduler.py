@@ -61,8 +61,9 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
 
     Docker does not gang-schedule: if one replica fails, only that replica is restarted (up to
     its role's ``max_retries``). Once a replica has failed for good, the app's other replicas
-    are stopped (see :mod:`.gang`): the app reads RUNNING until they have ended, then FAILED. ``describe`` gives the app's state and every replica's status
-    but not the complete original AppDef. Workspaces are overlaid on the role's image (see
+    are stopped (see :mod:`.gang`): the app reads RUNNING until they have ended, then FAILED.
+    ``describe`` gives the app's state and every replica's status but not the complete
+    original AppDef. Workspaces are overlaid on the role's image (see
     :meth:`build_workspace_image`); with ``image_repo`` the patched image is pushed there.
     Images are pulled as the run option ``pull`` says, and pushes and pulls use the client's
     registry login.
@@ -211,7 +212,7 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
             return seen
 
         resp = state.resolve(app_id, containers, records, restarts, now)
-        if resp is not None and resp.state == AppState.RUNNING and containers:
+        if resp is not None and resp.state == AppState.RUNNING:
             self._gang.stop_survivors(app_id, containers)
         self._free_if_ended(resp, containers, seen)
         return resp

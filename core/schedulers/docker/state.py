@@ -269,12 +269,12 @@ def gang_survivors(containers: Containers) -> Containers:
     """The containers still running or to be restarted in an app one of whose replicas failed
     for good (its container exited non-zero with no restart to come, or died): the scheduler
     stops them. None while the app is being cancelled."""
-    if any(is_cancelling(c) for c in containers):
+    going = [c for c in containers if c.get("State") in ("running", "restarting", "paused")]
+    # (every container going, the usual case on a poll: none failed, and nothing is parsed)
+    if not going or len(going) == len(containers) or any(is_cancelling(c) for c in containers):
         return []
-    ended = [replica_state(c.get("State", ""), c.get("Status", "")) for c in containers]
-    if not any(s in (AppState.FAILED, AppState.UNKNOWN) for s, _ in ended):
-        return []
-    return [c for c in containers if c.get("State") in ("running", "restarting", "paused")]
+    failed = (replica_state(c.get("State", ""), c.get("Status", ""))[0] for c in containers)
+    return going if any(s in (AppState.FAILED, AppState.UNKNOWN) for s in failed) else []
 
 
 def from_tombstone(app_id: str, labels: Labels) -> DescribeAppResponse:
