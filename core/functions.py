@@ -16,11 +16,9 @@ modules registered with :func:`cloudpickle.register_pickle_by_value` travel by v
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import re
-import subprocess
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -128,6 +126,8 @@ def _encode(obj: Any, what: str) -> str:
         data = cloudpickle.dumps(obj)
     except Exception as e:
         raise ValueError(f"{what}: cannot be pickled: {type(e).__name__}: {e}") from None
+    import base64  # (lazily, as subprocess: the runner imports this module)
+
     return base64.b64encode(zlib.compress(data)).decode("ascii")
 
 
@@ -220,6 +220,8 @@ def element_params(calls: Iterable[Any]) -> list[dict[str, str]]:
 
 @functools.cache
 def _probe_local(python: str) -> str:
+    import subprocess
+
     try:
         out = subprocess.run(
             [python, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=False
@@ -313,6 +315,7 @@ def function_value(result: AppResult, status_text: str = "") -> Any:
 
 
 def _unpickle(blob: str) -> Any:
+    import base64
     import pickle
 
     return pickle.loads(base64.b64decode(blob))

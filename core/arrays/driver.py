@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -341,6 +340,8 @@ def _app(data: dict[str, Any]) -> Any:
 def ensure_driver(adir: ArrayDir) -> None:
     """Starts the array's driver unless one runs (it outlives this process). The lock is taken
     here and handed down: no second driver can start while the first one starts up."""
+    import subprocess  # (lazily: the runner imports this module, and `shipyard run` starts)
+
     with adir.driver_lock() as lock:
         if lock is None:
             return  # one runs

@@ -14,11 +14,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import quote
 
 from core.paths import state_root
 
@@ -30,10 +28,14 @@ RETENTION_DAYS_ENV = "SHIPYARD_ARRAY_RETENTION_DAYS"
 
 def arrays_root(backend: str, session: str) -> str:
     """Where this host keeps the arrays of ``backend`` and ``session``."""
+    from urllib.parse import quote  # (lazily, as tempfile below: `shipyard run` start-up)
+
     return os.path.join(state_root(), "arrays", backend, quote(session, safe="") or "%")
 
 
 def _write_json(path: str, data: Any) -> None:
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
     try:
         with os.fdopen(fd, "w") as f:
