@@ -80,8 +80,9 @@ class Statuses:
         self.watches: dict[str, StatusWatch] = {}
         self.latest: dict[str, AppStatus | None] = {}
 
-    def read(self, handles: list[str]) -> dict[str, AppStatus | None]:
-        """The newest status of each of ``handles`` polled at least once (None: unknown)."""
+    def follow(self, handles: list[str]) -> None:
+        """Watches each of ``handles`` not watched yet: it is polled at once, and each of its
+        rounds sets ``wake``."""
         from core.watch.polling import status_poller  # (the driver's process only)
 
         for h in handles:
@@ -89,6 +90,11 @@ class Statuses:
                 w = status_poller().watch(h, self.runner, _POLL, first_delay=0.02, budget=math.inf)
                 w.add_listener(self.wake.set)
                 self.watches[h] = w
+
+    def read(self, handles: list[str]) -> dict[str, AppStatus | None]:
+        """The newest status of each of ``handles`` polled at least once (None: unknown)."""
+        self.follow(handles)
+        for h in handles:
             fresh, status = self.watches[h].take()
             if fresh:
                 self.latest[h] = status
@@ -168,6 +174,9 @@ class Driver:
             self._cancel()
         elif self._gate_open():
             self._fill_slots()
+        # what this look started is watched now, not at the next look: its end wakes the driver
+        # (else a cap's worth started together could wait out _LOOK every time)
+        self.statuses.follow([e.handle for e in self._live() if e.handle])
         changed = before != [e.to_json() for e in self.elements]
         if changed or not self.written:
             self.write()

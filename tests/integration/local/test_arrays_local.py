@@ -237,3 +237,40 @@ def test_ended_arrays_past_their_retention_are_removed(runner: Runner) -> None:
     assert not os.path.exists(adir.path)
     assert runner.status(old) is None  # (gone, as an app past its retention)
     assert arrays.final(runner, new).state == AppState.SUCCEEDED
+
+
+def test_elements_a_look_starts_are_polled_at_once_and_their_end_wakes_the_driver(
+    runner: Runner, tmp_path: Path
+) -> None:
+    # A driver that watched new elements only at its next look slept out its whole look
+    # interval after each batch: a capped array of short elements ran a batch per 0.5 s.
+    from core.appfile import app_to_dict
+    from core.arrays import ArraySpec
+    from core.arrays.driver import Driver
+    from core.arrays.store import ArrayDir
+
+    adir = ArrayDir("local_cwd", runner.session_name, "wake@0")
+    assert adir.create()
+    app = AppDef("wake", [Role("w", entrypoint="true")])
+    spec = ArraySpec(4, None, 2)
+    adir.write_request({"app": app_to_dict(app), "cfg": {}, "spec": spec.to_json(),
+                        "after": [], "cwd": str(tmp_path)})  # fmt: skip
+    driver = Driver(adir)
+    try:
+        driver.step()
+        started = [e.handle for e in driver.elements if e.handle]
+        assert len(started) == 2  # the cap
+        assert set(driver.statuses.watches) == set(started)
+        # a poll round of them wakes the driver, with no further look
+        assert driver.wake.wait(30)
+        while True:
+            driver.wake.clear()
+            driver.step()
+            if driver.done():
+                break
+            assert driver.wake.wait(30)  # (every look leaves a running element watched)
+        assert [e.state for e in driver.elements] == [AppState.SUCCEEDED] * 4
+    finally:
+        driver.statuses.close()
+        driver.runner.close()
+        adir.remove()
