@@ -33,13 +33,14 @@ class Target:
         ``abs``    shipyard <= limit (seconds, bytes or a count)
         ``over``   shipyard - raw <= limit (seconds)
         ``eq``     shipyard == limit (a count)
+        ``peer``   shipyard / peer <= limit (the same workload through the peer library)
     """
 
     kind: str
     limit: float
     text: str
 
-    def met(self, shipyard: float, raw: float | None) -> bool:
+    def met(self, shipyard: float, raw: float | None, peer: float | None = None) -> bool:
         if self.kind == "ratio":
             assert raw is not None
             return raw > 0 and shipyard / raw <= self.limit
@@ -50,6 +51,8 @@ class Target:
             return shipyard - raw <= self.limit
         if self.kind == "eq":
             return shipyard == self.limit
+        if self.kind == "peer":
+            return peer is not None and peer > 0 and shipyard / peer <= self.limit
         raise ValueError(f"unknown target kind {self.kind!r}")
 
 
@@ -67,6 +70,10 @@ def over_ms(limit_ms: float) -> Target:
 
 def at_most_mib(limit: float) -> Target:
     return Target("abs", limit * MIB, f"<= {limit:g} MiB")
+
+
+def vs_peer(limit: float, peer: str) -> Target:
+    return Target("peer", limit, f"<= {limit:g}x {peer}")
 
 
 def exactly(n: int, what: str) -> Target:
@@ -115,7 +122,8 @@ class Row:
         elif self.target is None:
             self.status = "INFO"
         else:
-            self.status = "PASS" if self.target.met(self.shipyard, self.raw) else "MISS"
+            met = self.target.met(self.shipyard, self.raw, self.peer)
+            self.status = "PASS" if met else "MISS"
         return self
 
     def fmt(self, value: float | None) -> str:

@@ -436,7 +436,11 @@ def _pause_row(row: Row, runs: int, tmp: str) -> None:
         with open(gate, "w"):
             pass
         out = Path(stdout)
-        wait_for(lambda out=out: b"b\n" in out.read_bytes(), 10, "the line in stdout", 0.0002)
+
+        def printed(out: Path = out) -> bool:
+            return b"b\n" in out.read_bytes()
+
+        wait_for(printed, 10, "the line in stdout", 0.0002)
         raw.append(time.perf_counter() - t0)
         at, line = got.get(timeout=10)
         if line != "b\n":

@@ -22,7 +22,18 @@ from importlib import metadata
 from typing import Any
 
 from bench.common import Ctx, check_lines, kill_groups, raw_popen, raw_read_split
-from bench.harness import MS, Row, Section, fill, interleave, median, repeat_timed, wait_for
+from bench.harness import (
+    MS,
+    Row,
+    Section,
+    Target,
+    fill,
+    interleave,
+    median,
+    repeat_timed,
+    vs_peer,
+    wait_for,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VENV = os.path.join(HERE, ".torchx-venv")
@@ -41,6 +52,12 @@ ROWS = [
     "local log_lines 200k lines, whole",
     "docker submit 1 replica (started)",
 ]
+#: the issue's targets against TorchX in the same run (issue 31): importing a backend module at
+#: most half TorchX's time, a describe from the submitting process no more than TorchX's own
+TARGETS: dict[str, Target] = {
+    **{name: vs_peer(0.5, PEER) for name in ROWS[:3]},
+    ROWS[6]: vs_peer(1.0, PEER),
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,7 +151,7 @@ class Peer:
 
 
 def _row(sec: Section, name: str, raw_name: str) -> Row:
-    row = sec.row(name, None, raw_name=raw_name)
+    row = sec.row(name, TARGETS.get(name), raw_name=raw_name)
     row.peer_name = PEER
     return row
 
@@ -431,7 +448,7 @@ def run(ctx: Ctx) -> list[Row]:
     try:
         tx_py = venv_python(verbose=ctx.verbose)
     except RuntimeError as e:
-        sec.skip_all(f"no TorchX venv ({e})", [(name, None, "ms") for name in ROWS])
+        sec.skip_all(f"no TorchX venv ({e})", [(name, TARGETS.get(name), "ms") for name in ROWS])
         for row in sec.rows:
             row.peer_name = PEER
         return sec.rows

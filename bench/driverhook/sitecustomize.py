@@ -1,7 +1,8 @@
 """Put first on ``PYTHONPATH`` by :mod:`bench.arrays_bench` for one array's driver (with
 ``$SHIPYARD_BENCH_DRIVER_COUNTS`` naming a file): counts what the driver asks of the backend in
 each look (``Driver.step``): ``Runner.status_many``/``run``/``cancel`` calls and the local
-scheduler's ``describe`` calls beneath them; writes them as JSON to that file at exit.
+scheduler's ``describe`` calls beneath them, and the rounds of the process's status poller (the
+thread that makes the ``status_many`` calls); writes them as JSON to that file at exit.
 
 Any other process that imports it (the variable is unset) is left alone; the driver drops the
 variable and this directory from its environment, so what it starts is never counted."""
@@ -15,11 +16,13 @@ from typing import Any
 def _install(out: str) -> None:
     import atexit
     import json
+    import time
     from collections import Counter
 
     from core.arrays.driver import Driver
     from core.runner import Runner
     from core.schedulers.local.scheduler import LocalScheduler
+    from core.watch.polling import status_poller
 
     totals: Counter[str] = Counter()
     per_look: Counter[int] = Counter()  # status_many calls in one look -> looks
@@ -38,8 +41,10 @@ def _install(out: str) -> None:
     for name in ("describe", "describe_many"):
         counted(LocalScheduler, name)
     real_step = Driver.step
+    first_look: list[float] = []
 
     def step(self: Driver) -> bool:
+        first_look[:] = first_look or [time.monotonic()]
         before = totals["status_many"]
         try:
             return real_step(self)
@@ -50,7 +55,10 @@ def _install(out: str) -> None:
 
     def write() -> None:
         with open(out, "w") as f:
-            json.dump({"totals": totals, "per_look": per_look, "pid": os.getpid()}, f)
+            seconds = time.monotonic() - first_look[0] if first_look else 0.0
+            rounds = status_poller().rounds
+            json.dump({"totals": totals, "per_look": per_look, "rounds": rounds,
+                       "seconds": seconds, "pid": os.getpid()}, f)  # fmt: skip
 
     atexit.register(write)
 
