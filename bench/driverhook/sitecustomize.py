@@ -44,7 +44,8 @@ def _install(out: str) -> None:
     first_look: list[float] = []
 
     def step(self: Driver) -> bool:
-        first_look[:] = first_look or [time.monotonic()]
+        if not first_look:
+            first_look.append(time.monotonic())
         before = totals["status_many"]
         try:
             return real_step(self)

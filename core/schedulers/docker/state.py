@@ -268,7 +268,7 @@ def _app_state(states: list[AppState], missing: list[str]) -> AppState:
 def gang_survivors(containers: Containers) -> Containers:
     """The containers still running or to be restarted in an app one of whose replicas failed
     for good (its container exited non-zero with no restart to come, or died): the scheduler
-    stops them. None while the app is being cancelled."""
+    stops them. None (an empty list) while the app is being cancelled."""
     going = [c for c in containers if c.get("State") in ("running", "restarting", "paused")]
     # (every container going, the usual case on a poll: none failed, and nothing is parsed)
     if not going or len(going) == len(containers) or any(is_cancelling(c) for c in containers):
