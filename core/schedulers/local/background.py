@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -161,6 +161,7 @@ class Background:
         self._pending = 0  # collector launches not done yet
         self._flushing = False
         self._housekeepers: set[weakref.WeakMethod[Callable[[], bool]]] = set()
+        self._wrappers: dict[int, _Child] = {}  # by pid: this process's wrappers, not reaped yet
         self.collectors: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- called by submitting threads -------------------------------------------------------
@@ -216,24 +217,51 @@ class Background:
             if housekeeping is not None:  # (weakly: a scheduler is not kept alive for it)
                 self._housekeepers.add(weakref.WeakMethod(housekeeping))  # type: ignore[arg-type]
         inherited = peak_rss_kib()
-        watches = [
-            ("watch", _Child(pid, app, g, inherited=inherited)) for g, pid in enumerate(pids)
-        ]
+        children = [_Child(pid, app, g, inherited=inherited) for g, pid in enumerate(pids)]
+        with self._lock:
+            self._wrappers.update((c.pid, c) for c in children)
+        watches = [("watch", c) for c in children]
         self._put(("launch", (time.monotonic() + COLLECTOR_DELAY, app, grace)), *watches)
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Starts every queued log collection now and waits for that (called at exit)."""
+        """Starts every queued log collection now and waits for that, and for the reaping of
+        every wrapper whose replica's exit code is on record (called at exit: a submitter that
+        waited for its app would otherwise often exit between its replicas' last exit code and
+        their reaping, and their usage, recorded as they are reaped, would be lost)."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            if not self._pending or self._pid != os.getpid():
+            if self._pid != os.getpid() or not (self._pending or self._ending()):
                 return
             self._flushing = True
             self._wake()
             try:
-                while self._pending and time.monotonic() < deadline:
+                while (self._pending or self._ending()) and time.monotonic() < deadline:
                     self._idle.wait(0.05)
             finally:
                 self._flushing = False
+
+    def _ending(self) -> bool:
+        """(Under the lock) True while a wrapper whose replica's exit code is on record (it
+        exits right after writing it) is not reaped yet."""
+        exits: dict[str, Collection[int]] = {}
+        for child in self._wrappers.values():
+            assert child.app is not None
+            path = child.app.path
+            if path not in exits:
+                exits[path] = child.app.exits().keys()
+            if child.index in exits[path]:
+                return True
+        return False
+
+    def _reaped(self, child: _Child, pidfd: int = -1) -> bool:
+        """(The thread) :meth:`_Child.reaped`, and a reaped wrapper let go of."""
+        if not child.reaped(pidfd):
+            return False
+        if child.app is not None:
+            with self._lock:
+                self._wrappers.pop(child.pid, None)
+                self._idle.notify_all()
+        return True
 
     # -- the thread -------------------------------------------------------------------------
 
@@ -277,7 +305,7 @@ class Background:
             while launches and (launches[0][0] <= now or self._flushing):
                 self._launch(*launches.popleft()[1:])
                 now = time.monotonic()
-            polled = [c for c in polled if not c.reaped()]
+            polled = [c for c in polled if not self._reaped(c)]
             if launches or watched or polled:
                 active_until = now + _WARM
             if self._housekeepers and not launches:
@@ -316,7 +344,7 @@ class Background:
                 continue
             child = watched.pop(fd)
             poller.unregister(fd)
-            child.reaped(fd)
+            self._reaped(child, fd)
             os.close(fd)
         return True
 

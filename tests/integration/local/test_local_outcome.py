@@ -120,6 +120,38 @@ def test_usage_within_20_percent_of_what_the_replica_measured(runner: Runner) ->
     assert runner.status(handle).to_json()["roles"][0]["replicas"][0]["usage"]["cpu_time"] > 0  # type: ignore[union-attr]
 
 
+# A stand-in for a replica's wrapper, watched by the real background thread of a process that
+# then exits: it records its exit code as a wrapper does, then takes a moment to exit (a loaded
+# host), which is when a submitter that saw the exit code goes on to exit.
+EXIT_WHILE_A_WRAPPER_ENDS = r"""
+import os, subprocess, sys
+from core.schedulers.local.appdir import AppDir
+from core.schedulers.local.background import BACKGROUND
+app = AppDir(*os.path.split(sys.argv[1]))
+script = 'echo "0 0" >> "$1/exits"; exec sleep 0.5'
+wrapper = subprocess.Popen(["sh", "-c", script, "sh", app.path])
+BACKGROUND.submitted(app, [wrapper.pid], 1.0, None)
+while 0 not in app.exits():
+    os.sched_yield()
+"""
+
+
+def test_a_submitter_that_exits_once_the_exit_code_is_on_record_records_the_usage() -> None:
+    """Usage is recorded as a wrapper is reaped: a process that exits between its replica's
+    exit code and the wrapper's end (a waiting ``shipyard run``) first reaps it."""
+    app = AppDir(apps_root(), f"reap-{os.getpid()}-{time.monotonic_ns()}")
+    os.makedirs(apps_root(), mode=0o700, exist_ok=True)
+    app.create()
+    try:
+        subprocess.run(
+            [sys.executable, "-c", EXIT_WHILE_A_WRAPPER_ENDS, app.path], check=True, timeout=60
+        )
+        assert app.exits() == {0: 0}
+        assert list(app.usages()) == [0]  # on record by the time the submitter is gone
+    finally:
+        app.remove()
+
+
 def test_oom_killed_replica_is_named_with_its_peak(tmp_path: object) -> None:
     """The OOM killer cannot be set off safely on a shared host: the recorded usage of a
     replica the reaper saw killed while the kernel counted an OOM kill is given to describe."""
