@@ -16,6 +16,8 @@ Layout of one app's directory (``<state root>/local/<app_id>/``, mode 0700)::
     logs_done         the collector consumed every byte of every replica's output
     usage             "<index> <json>" lines: what a replica used (wait4 rusage, recorded by
                       the process that reaped its wrapper)
+    times.<index>     what a replica's command used, written by its wrapper as it ends (the
+                      shell's ``times``; for the replicas no ``usage`` line comes for)
     result.<role>.<k>.json   what replica k of role wrote to $SHIPYARD_RESULT_FILE
     <role>.<k>.{stdout,stderr,combined}.log   logs (unless cfg log_dir puts them elsewhere)
 
@@ -118,6 +120,7 @@ class AppDir:
     #: indexes): kept out of the app's own directory, whose every look lists it
     LOGS = "logs"
     USAGE = "usage"
+    TIMES_PREFIX = "times."
 
     def __init__(self, root: str, app_id: str) -> None:
         self.app_id = app_id
@@ -259,6 +262,23 @@ class AppDir:
                 out.setdefault(int(g), text)
         return out
 
+    def wrapper_usage(self, g: int) -> str | None:
+        """What replica ``g``'s command used as its wrapper recorded it (``times.<g>``), as a
+        usage line's JSON: its CPU time (to the shell's 10 ms) and its end (the file's time);
+        the peak memory is unknown. None if there is no such file, or not a whole one yet."""
+        path = self.file(f"{self.TIMES_PREFIX}{g}")
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode("ascii", errors="replace")
+                end = os.fstat(f.fileno()).st_mtime
+        except FileNotFoundError:
+            return None
+        lines = text.split("\n")
+        cpu = _cpu_seconds(lines[1]) if len(lines) == 3 and not lines[2] else None
+        if cpu is None:
+            return None
+        return f'{{"end":{end!r},"cpu":{cpu!r},"maxrss":null,"oom":false}}'
+
     # -- markers and the final state ------------------------------------------------------
 
     def mark(self, name: str, text: str) -> bool:
@@ -354,6 +374,18 @@ class AppDir:
             return os.path.exists(self.file(self.LOCK))
         os.close(fd)
         return False
+
+
+def _cpu_seconds(line: str) -> float | None:
+    """The sum of the two times of a line of the shell's ``times`` ("0m1.250000s 0m0.030000s"
+    in dash, "0m1.250s 0m0.030s" in bash); None if it is not one."""
+    words = line.split()
+    try:
+        pairs = [w.removesuffix("s").split("m") for w in words if w.endswith("s")]
+        total = sum(int(m) * 60 + float(sec) for m, sec in pairs)
+    except ValueError:
+        return None
+    return round(total, 6) if len(pairs) == len(words) == 2 else None
 
 
 def parse_exit(text: str) -> ExitCode:

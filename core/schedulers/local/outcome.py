@@ -4,7 +4,8 @@ rusage, recorded by the process that reaps its wrapper: :func:`record_reaped`).
 
 Usage is known for replicas whose wrapper was reaped by the submitting process (its background
 thread does it as soon as a wrapper exits). Replicas that outlive their submitter are reaped by
-init: their usage stays unknown (None).
+init: for them, what their wrapper recorded as it ended stands in (:func:`wrapper_usages`: the
+CPU time and the end, without the peak memory).
 
 A replica killed by SIGKILL while the kernel counted a new OOM kill (``oom_kill`` of
 ``/proc/vmstat``) since the reaper last looked is taken as killed by the OOM killer; other
@@ -43,6 +44,7 @@ __all__ = [
     "EndedApps",
     "OomCounter",
     "apply_usage",
+    "put_usage",
     "peak_rss_kib",
     "read_results",
     "record_reaped",
@@ -137,6 +139,32 @@ def record_reaped(
         "oom": bool(killed and oom.new_kill()),
     }
     app.record_usage(g, json.dumps(usage, separators=(",", ":")))
+
+
+def put_usage(
+    resp: DescribeAppResponse, app: AppDir, names: set[str], record: AppRecord
+) -> dict[int, str]:
+    """Puts each replica's usage on ``resp`` (``names``: the app directory's files): what the
+    process that reaped its wrapper recorded, else what the wrapper recorded as it ended.
+    Returns the former (whole: the usage an ended app may keep)."""
+    reaped = app.usages() if AppDir.USAGE in names else {}
+    shown = reaped
+    if len(reaped) < len(record.replicas):
+        shown = {**wrapper_usages(app, names, len(record.replicas)), **reaped}
+    apply_usage(resp, shown, record)
+    return reaped
+
+
+def wrapper_usages(app: AppDir, names: set[str], replicas: int) -> dict[int, str]:
+    """Usage lines from what the wrappers of ended replicas recorded (``names``: the app
+    directory's files)."""
+    out: dict[int, str] = {}
+    for g in range(replicas):
+        if f"{AppDir.TIMES_PREFIX}{g}" in names:
+            line = app.wrapper_usage(g)
+            if line is not None:
+                out[g] = line
+    return out
 
 
 def apply_usage(resp: DescribeAppResponse, lines: Mapping[int, str], record: AppRecord) -> None:

@@ -40,7 +40,7 @@ from core.schedulers.local.images import ImageProvider, PopenRequest, ReplicaPar
 from core.schedulers.local.liveness import Liveness
 from core.schedulers.local.logs import LogIterator
 from core.schedulers.local.options import LocalOpts, local_opts, requeues, run_opts
-from core.schedulers.local.outcome import EndedApps, apply_usage, read_results, response
+from core.schedulers.local.outcome import EndedApps, apply_usage, put_usage, read_results, response
 from core.schedulers.local.processes import DEFAULT_GRACE, MARKER_ENV, Identity, terminate
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
 from core.schedulers.local.signals import HANDLERS
@@ -404,9 +404,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
             return None
         state = obs.done or self._settle(app, record, obs) or running_state(app, obs)
         resp = response(app_id, record, state, app)
-        # (a wrapper was reaped: usage is known)
-        usages = app.usages() if AppDir.USAGE in obs.names else {}
-        apply_usage(resp, usages, record)
+        usages = put_usage(resp, app, obs.names, record)
         if obs.done is not None:
             self._ended.put(app_id, obs.done, usages, len(record.replicas))
             self._liveness.forget(app_id)

@@ -34,3 +34,7 @@ fi
     exec "$@" 2>>"$err" 4>&-
 )
 echo "$g $?" >&4
+# What the command used, for when no process reaps this shell with its rusage (its submitter
+# exited first): the CPU times of the shell's waited-for children (the command's); the file's
+# time is when the command ended.
+times >"$d/times.$g"

@@ -120,6 +120,35 @@ def test_usage_within_20_percent_of_what_the_replica_measured(runner: Runner) ->
     assert runner.status(handle).to_json()["roles"][0]["replicas"][0]["usage"]["cpu_time"] > 0  # type: ignore[union-attr]
 
 
+# submits the app from a process that exits at once (no process then reaps its replica)
+SUBMIT_AND_EXIT = r"""
+import sys
+from core.runner import get_runner
+from core.specs import AppDef, Role
+with get_runner("outcome") as runner:
+    role = Role("m", entrypoint=sys.executable, args=["-c", sys.argv[1]])
+    print(runner.run(AppDef("orphan", [role]), "local_cwd"))
+"""
+
+
+def test_a_replica_that_outlives_its_submitter_still_reports_cpu_and_wall_time(
+    runner: Runner,
+) -> None:
+    """No process reaps its wrapper with its rusage: the wrapper's own record stands in, its CPU
+    time to the shell's 10 ms and its end; the peak memory stays unknown."""
+    handle = subprocess.run(
+        [sys.executable, "-c", SUBMIT_AND_EXIT, MEASURE],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.strip()  # fmt: skip
+    usage = _status_with_usage(runner, handle).roles[0].replicas[0].usage
+    own = runner.result(handle).get("m")
+    assert usage is not None
+    assert usage.cpu_time == pytest.approx(own["cpu"], rel=0.2)
+    assert usage.wall_time == pytest.approx(own["wall"], rel=0.2)
+    assert usage.peak_memory is None and not usage.oom_killed
+    assert over_requests(runner.status(handle).roles) == []  # (no peak to compare)
+
+
 # A stand-in for a replica's wrapper, watched by the real background thread of a process that
 # then exits: it records its exit code as a wrapper does, then takes a moment to exit (a loaded
 # host), which is when a submitter that saw the exit code goes on to exit.
