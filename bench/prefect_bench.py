@@ -6,8 +6,11 @@
   created just after a poll waits for the next one; the target allows 1 s of work on top.
 * worker: 100 concurrent flow runs, Slurm calls per poll. 100 flow runs of a deployment on the
   real Slurm cluster in flight at once, tracked by one worker; the Slurm commands that worker runs
-  per poll of its jobs, beside the physical limit of one ``squeue`` for all of them. See
-  :func:`_measure_tracking` for how the jobs are kept cheap and how the calls are counted.
+  per poll of its jobs, beside the physical limit of one ``squeue`` for all of them. It counts
+  the steady state: from the first poll of all 100 after the last job's first-watch polls (a
+  newly watched job is polled on its own for about 3 s, its first state at once, see
+  :mod:`core.watch.polling`). See :func:`_measure_tracking` for how the jobs are kept cheap and
+  how the calls are counted.
 
 ``python -m bench.prefect_bench`` runs this section alone (``--runs N``; ``--row submit`` or
 ``--row track`` for one row).
@@ -287,23 +290,41 @@ def _keep_in_flight(client: Any, deployment_id: uuid.UUID, timeout: float) -> in
         time.sleep(1.0)
 
 
+def first_watch_ramp(interval: float) -> float:
+    """Seconds a newly watched job is polled on its own before it joins the rounds of the
+    others (:mod:`core.watch.polling`: FIRST_DELAY, doubling up to the poll interval)."""
+    from core.watch.polling import FIRST_DELAY
+
+    total, delay = 0.0, FIRST_DELAY
+    while delay < interval:
+        total, delay = total + delay, delay * 2
+    return total
+
+
 def _full_polls(worker: BenchWorker) -> list[tuple[float, int, int]] | None:
-    """The first WINDOW_POLLS + 1 consecutive polls of N_RUNS jobs each, once there are."""
+    """The first WINDOW_POLLS + 1 consecutive polls of N_RUNS jobs each, once there are and
+    the last job's first-watch polls are over (the row counts the steady state)."""
+    from prefect_tasks.worker import DEFAULT_POLL_INTERVAL
+
+    ramp = first_watch_ramp(DEFAULT_POLL_INTERVAL)
     streak: list[tuple[float, int, int]] = []
+    full_since: float | None = None
     for poll in worker.polls():
         if poll[2] != N_RUNS or (streak and poll[1] != streak[-1][1] + 1):
-            streak = []
+            streak, full_since = [], None
         if poll[2] == N_RUNS:
-            streak.append(poll)
+            full_since = poll[0] if full_since is None else full_since
+            if poll[0] >= full_since + ramp:
+                streak.append(poll)
         if len(streak) > WINDOW_POLLS:
             return streak
     return None
 
 
 def _window(worker: BenchWorker, calls: SlurmWrappers) -> tuple[list[int], list[SlurmCall]]:
-    """Waits for WINDOW_POLLS + 1 consecutive polls of all N_RUNS jobs; returns the Slurm calls
-    between each poll's record and the next one's (that is, of polls 2 .. WINDOW_POLLS + 1), per
-    poll, and all of them."""
+    """Waits for WINDOW_POLLS + 1 consecutive polls of all N_RUNS jobs (after the last one's
+    first-watch polls); returns the Slurm calls between each poll's record and the next one's
+    (that is, of polls 2 .. WINDOW_POLLS + 1), per poll, and all of them."""
     polls = wait_for(
         lambda: _full_polls(worker), 60 + 10 * WINDOW_POLLS, "the worker's polls", interval=0.5
     )
