@@ -6,7 +6,8 @@
   created just after a poll waits for the next one; the target allows 1 s of work on top.
 * worker: 100 concurrent flow runs, Slurm calls per poll. 100 flow runs of a deployment on the
   real Slurm cluster in flight at once, tracked by one worker; the Slurm commands that worker runs
-  per poll of its jobs, beside the physical limit of one ``squeue`` for all of them. It counts
+  per poll of all its jobs (a call that asks about every one of them), beside the physical limit
+  of one ``squeue`` for all of them. It counts
   the steady state: from the first poll of all 100 after the last job's first-watch polls (a
   newly watched job is polled on its own for about 3 s, its first state at once, see
   :mod:`core.watch.polling`). See :func:`_measure_tracking` for how the jobs are kept cheap and
@@ -356,15 +357,23 @@ def _start_runs(client: Any, pool: str) -> uuid.UUID:
 def _fill_tracking(
     row: Row, per_poll: list[int], window: list[SlurmCall], took: float, replaced: int
 ) -> None:
+    """Calls per poll of all the jobs: the Slurm calls of the window over those of them that
+    asked about every one of the N_RUNS jobs (each such call is one poll of them all; any other
+    call, or a poll split over several calls, counts above 1). Counted per poll of the worker's
+    own loop instead, a window over two poll ticks read 2 now and then: the worker's loop (its
+    poll interval plus its work) and the status poller's ticks drift apart."""
+    whole = [c.at for c in window if c.job_ids() >= N_RUNS]
     sizes = sorted({c.job_ids() for c in window if c.name == "squeue"})
     by_name = dict(Counter(c.name for c in window))
+    gaps = [b - a for a, b in zip(whole, whole[1:], strict=False)]
     row.samples = {"shipyard": [float(n) for n in per_poll]}
-    row.shipyard = sum(per_poll) / len(per_poll)
+    row.shipyard = len(window) / len(whole) if whole else float("inf")
     row.raw = 1.0
     row.note = (
-        f"{sum(per_poll)} Slurm calls in {len(per_poll)} polls of {N_RUNS} pending jobs"
-        f" ({by_name or 'none'}; per poll {per_poll}; jobs per squeue {sizes});"
-        f" all {N_RUNS} tracked {took:.0f} s after the runs were created"
+        f"{len(window)} Slurm calls, {len(whole)} of them for all {N_RUNS} pending jobs"
+        f" ({by_name or 'none'}; jobs per squeue {sizes}; median {median(gaps) if gaps else 0:.2f}"
+        f" s between them); per poll of the worker's loop {per_poll}; all {N_RUNS} tracked"
+        f" {took:.0f} s after the runs were created"
         + (
             f" ({replaced} runs crashed by the server before submission, replaced)"
             if replaced
