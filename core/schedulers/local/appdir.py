@@ -262,22 +262,19 @@ class AppDir:
                 out.setdefault(int(g), text)
         return out
 
-    def wrapper_usage(self, g: int) -> str | None:
-        """What replica ``g``'s command used as its wrapper recorded it (``times.<g>``), as a
-        usage line's JSON: its CPU time (to the shell's 10 ms) and its end (the file's time);
-        the peak memory is unknown. None if there is no such file, or not a whole one yet."""
-        path = self.file(f"{self.TIMES_PREFIX}{g}")
+    def wrapper_times(self, g: int) -> tuple[float, float] | None:
+        """What replica ``g``'s wrapper recorded as it ended (``times.<g>``): its command's CPU
+        seconds (to the shell's 10 ms) and its end (the file's time). None if there is no such
+        file, or not a whole one yet."""
         try:
-            with open(path, "rb") as f:
+            with open(self.file(f"{self.TIMES_PREFIX}{g}"), "rb") as f:
                 text = f.read().decode("ascii", errors="replace")
                 end = os.fstat(f.fileno()).st_mtime
         except FileNotFoundError:
             return None
         lines = text.split("\n")
         cpu = _cpu_seconds(lines[1]) if len(lines) == 3 and not lines[2] else None
-        if cpu is None:
-            return None
-        return f'{{"end":{end!r},"cpu":{cpu!r},"maxrss":null,"oom":false}}'
+        return None if cpu is None else (cpu, end)
 
     # -- markers and the final state ------------------------------------------------------
 

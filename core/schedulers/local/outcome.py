@@ -132,13 +132,15 @@ def record_reaped(
     command's, so it is unknown (None)."""
     code = app.exits().get(g, -by_signal if by_signal else None)
     killed = code in _KILLED
-    usage = {
-        "end": time.time(),
-        "cpu": rusage.ru_utime + rusage.ru_stime,
-        "maxrss": rusage.ru_maxrss * 1024 if rusage.ru_maxrss > inherited else None,
-        "oom": bool(killed and oom.new_kill()),
-    }
-    app.record_usage(g, json.dumps(usage, separators=(",", ":")))
+    maxrss = rusage.ru_maxrss * 1024 if rusage.ru_maxrss > inherited else None
+    cpu = rusage.ru_utime + rusage.ru_stime
+    app.record_usage(g, _usage_line(time.time(), cpu, maxrss, bool(killed and oom.new_kill())))
+
+
+def _usage_line(end: float, cpu: float, maxrss: int | None, oom: bool) -> str:
+    """A usage line's JSON (what :func:`apply_usage` reads)."""
+    usage = {"end": end, "cpu": cpu, "maxrss": maxrss, "oom": oom}
+    return json.dumps(usage, separators=(",", ":"))
 
 
 def put_usage(
@@ -150,20 +152,22 @@ def put_usage(
     reaped = app.usages() if AppDir.USAGE in names else {}
     shown = reaped
     if len(reaped) < len(record.replicas):
-        shown = {**wrapper_usages(app, names, len(record.replicas)), **reaped}
+        shown = {**wrapper_usages(app, names, len(record.replicas), reaped), **reaped}
     apply_usage(resp, shown, record)
     return reaped
 
 
-def wrapper_usages(app: AppDir, names: set[str], replicas: int) -> dict[int, str]:
+def wrapper_usages(
+    app: AppDir, names: set[str], replicas: int, reaped: Mapping[int, str]
+) -> dict[int, str]:
     """Usage lines from what the wrappers of ended replicas recorded (``names``: the app
-    directory's files)."""
+    directory's files), for those not in ``reaped``; their peak memory is unknown."""
     out: dict[int, str] = {}
     for g in range(replicas):
-        if f"{AppDir.TIMES_PREFIX}{g}" in names:
-            line = app.wrapper_usage(g)
-            if line is not None:
-                out[g] = line
+        if g not in reaped and f"{AppDir.TIMES_PREFIX}{g}" in names:
+            times = app.wrapper_times(g)
+            if times is not None:
+                out[g] = _usage_line(times[1], times[0], None, False)
     return out
 
 

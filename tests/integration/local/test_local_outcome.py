@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,15 @@ from core.runner import Runner
 from core.schedulers.local.appdir import AppDir, apps_root
 from core.schedulers.local.outcome import apply_usage, response
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
-from core.specs import AppDef, AppState, AppStatus, ReplicaStatus, Resource, Role
+from core.specs import (
+    AppDef,
+    AppState,
+    AppStatus,
+    ReplicaStatus,
+    Resource,
+    ResourceUsage,
+    Role,
+)
 from tests.integration.docker.usage_probe import measure
 
 MEASURE = measure(150, 0.8)  # (a local replica's usage is exact: no need to run long)
@@ -99,17 +108,23 @@ with get_runner("outcome") as runner:
 """
 
 
+def _submitted_from(script: str, runner: Runner) -> tuple[str, ResourceUsage, Any]:
+    """Runs ``script`` (it submits MEASURE and prints the handle) in a process of its own; the
+    handle, the replica's usage once recorded, and what the replica measured of itself."""
+    handle = subprocess.run(
+        [sys.executable, "-c", script, MEASURE],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.strip()  # fmt: skip
+    usage = _status_with_usage(runner, handle).roles[0].replicas[0].usage
+    assert usage is not None
+    return handle, usage, runner.result(handle).get("m")
+
+
 def test_usage_within_20_percent_of_what_the_replica_measured(runner: Runner) -> None:
     """Submitted from a small process: a replica's wrapper is spawned sharing its submitter's
     memory until it execs, and the kernel counts that memory in the wrapper's peak, so a
     submitter larger than the replica (this test process, late in a run) hides its peak."""
-    handle = subprocess.run(
-        [sys.executable, "-c", SUBMIT_AND_WAIT, MEASURE],
-        capture_output=True, text=True, check=True, timeout=120,
-    ).stdout.strip()  # fmt: skip
-    usage = _status_with_usage(runner, handle).roles[0].replicas[0].usage
-    own = runner.result(handle).get("m")
-    assert usage is not None
+    handle, usage, own = _submitted_from(SUBMIT_AND_WAIT, runner)
     assert usage.cpu_time == pytest.approx(own["cpu"], rel=0.2)
     assert usage.peak_memory == pytest.approx(own["maxrss"], rel=0.2)
     assert usage.wall_time == pytest.approx(own["wall"], rel=0.2)
@@ -136,13 +151,7 @@ def test_a_replica_that_outlives_its_submitter_still_reports_cpu_and_wall_time(
 ) -> None:
     """No process reaps its wrapper with its rusage: the wrapper's own record stands in, its CPU
     time to the shell's 10 ms and its end; the peak memory stays unknown."""
-    handle = subprocess.run(
-        [sys.executable, "-c", SUBMIT_AND_EXIT, MEASURE],
-        capture_output=True, text=True, check=True, timeout=120,
-    ).stdout.strip()  # fmt: skip
-    usage = _status_with_usage(runner, handle).roles[0].replicas[0].usage
-    own = runner.result(handle).get("m")
-    assert usage is not None
+    handle, usage, own = _submitted_from(SUBMIT_AND_EXIT, runner)
     assert usage.cpu_time == pytest.approx(own["cpu"], rel=0.2)
     assert usage.wall_time == pytest.approx(own["wall"], rel=0.2)
     assert usage.peak_memory is None and not usage.oom_killed
