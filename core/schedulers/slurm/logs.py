@@ -3,6 +3,7 @@ the tailed jobs ended, asked for all of them at once (:class:`TailChecks`)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -37,15 +38,21 @@ def read_lines(files: Files, path: str, ended: Callable[[], bool] | None = None)
     ``ended()`` is true and nothing more arrives. Lines are whole whatever their length: a
     partial line waits for its end (or for the end of the job). A reader that fails (a dropped
     connection) is opened again where it stopped."""
+    # chained in C: a generator step per line cost a 200k-line read a tenth of its time
+    return itertools.chain.from_iterable(_batches(files, path, ended))
+
+
+def _batches(files: Files, path: str, ended: Callable[[], bool] | None) -> Iterator[list[str]]:
+    """The whole lines of each chunk of ``path`` as it comes (see :func:`read_lines`)."""
     pending = b""
     for data in _chunks(files, path, ended):
         pending += data
         cut = pending.rfind(b"\n") + 1
         if cut:
-            yield from _split(pending[:cut])
+            yield _split(pending[:cut])
             pending = pending[cut:]
     if pending:
-        yield pending.decode("utf-8", errors="replace")
+        yield [pending.decode("utf-8", errors="replace")]
 
 
 def _chunks(files: Files, path: str, ended: Callable[[], bool] | None) -> Iterator[bytes]:

@@ -460,6 +460,26 @@ def test_read_lines_tails_until_ended(tmp_path: Path) -> None:
     assert list(logs.read_lines(LocalFiles(), str(path), ended)) == ["one\n", "two\n", "three\n"]
 
 
+def test_a_read_left_half_way_closes_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "CHUNK", 4)
+    path = tmp_path / "log"
+    path.write_text("one\ntwo\nthree\n")
+    opened: list[Any] = []
+
+    class Recording(LocalFiles):
+        def open_reader(self, p: str, offset: int = 0) -> Any:
+            opened.append(super().open_reader(p, offset))
+            return opened[-1]
+
+    lines = logs.read_lines(Recording(), str(path))
+    assert next(lines) == "one\n"
+    assert not opened[0].closed
+    del lines  # a consumer that stops early (a tail given up) lets go of the iterator
+    assert opened[0].closed
+
+
 # ---------------------------------------------------------------------------------------------
 # the real cluster
 # ---------------------------------------------------------------------------------------------
