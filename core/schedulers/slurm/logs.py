@@ -34,7 +34,7 @@ def _split(data: bytes) -> list[str]:
 
 
 def read_lines(files: Files, path: str, ended: Callable[[], bool] | None = None) -> Iterator[str]:
-    """Yields the lines of ``path``; with ``ended`` (a callable), follows the file until
+    """The lines of ``path``; with ``ended`` (a callable), follows the file until
     ``ended()`` is true and nothing more arrives. Lines are whole whatever their length: a
     partial line waits for its end (or for the end of the job). A reader that fails (a dropped
     connection) is opened again where it stopped."""
