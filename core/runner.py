@@ -21,7 +21,6 @@ import threading
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from core import arrays
@@ -46,6 +45,8 @@ from core.specs import (
 )
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from core.watch.follow import LogLine
 
 log = logging.getLogger(__name__)
