@@ -581,7 +581,7 @@ def test_an_ended_app_described_from_memory_is_still_gone_once_removed(
     # (the reaper's usage lines: a wrapper's own record, shown until then, is not kept)
     wait_until(lambda: len(AppDir(state_dir(), app_id).usages()) == 2,
                what="usage of both replicas")  # fmt: skip
-    sched.describe(app_id)
+    sched.describe(app_id)  # (reads those lines from disk, and keeps the ended app in memory)
     first = sched.describe(app_id)  # (from memory now: its final state and usage are known)
     again = sched.describe(app_id)
     assert first == again and first is not again
