@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ShipyardError
@@ -67,7 +66,9 @@ def cfg_env_name(scheduler: str) -> str:
     return CFG_ENV_PREFIX + "".join(c if c.isalnum() else "_" for c in scheduler).upper()
 
 
-def config_paths(cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> list[Path]:
+def config_paths(
+    cwd: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> list[str]:
     """The defaults files that exist, the one that wins last.
 
     Raises:
@@ -76,15 +77,15 @@ def config_paths(cwd: Path | None = None, environ: Mapping[str, str] | None = No
     env = os.environ if environ is None else environ
     explicit = env.get(CONFIG_ENV)
     if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
+        path = os.path.expanduser(explicit)
+        if not os.path.isfile(path):
             raise DefaultsError(f"{CONFIG_ENV}: no such file {explicit!r}")
         return [path]
-    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-    config_home = env.get("XDG_CONFIG_HOME") or str(home / ".config")
-    user = Path(config_home) / "shipyard" / "config.yaml"
-    project = (Path.cwd() if cwd is None else cwd) / PROJECT_FILE
-    return [p for p in (user, project) if p.is_file()]
+    home = env.get("HOME") or os.path.expanduser("~")
+    config_home = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    user = os.path.join(config_home, "shipyard", "config.yaml")
+    project = os.path.join(os.getcwd() if cwd is None else cwd, PROJECT_FILE)
+    return [p for p in (user, project) if os.path.isfile(p)]
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def _detail(e: ValueError) -> str:
 
 def load_defaults(
     schedulers: Collection[str],
-    cwd: Path | None = None,
+    cwd: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Defaults:
     """Reads the defaults files (:func:`config_paths`) and ``$SHIPYARD_SCHEDULER``, checking
@@ -236,7 +237,7 @@ def scheduler_and_cfg(
     flag_cfg: str | None,
     schedulers: Collection[str],
     opts_of: Callable[[str], runopts],
-    cwd: Path | None = None,
+    cwd: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> tuple[str, dict[str, CfgVal]]:
     """The scheduler and run options of a command: its flags (``--scheduler``, ``--cfg``
@@ -258,12 +259,13 @@ def scheduler_and_cfg(
     return scheduler, defaults.run_cfg(scheduler, opts, flags)
 
 
-def _read(path: Path) -> dict[Any, Any]:
+def _read(path: str) -> dict[Any, Any]:
     """The file's YAML mapping (empty for an empty file)."""
     import yaml  # (only when there is a file)
 
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise DefaultsError(f"{path}: cannot read it ({e})") from None
     try:

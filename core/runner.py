@@ -23,8 +23,6 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core import arrays
-from core.arrays.native import first_submission, native_after
 from core.errors import ShipyardError
 from core.functions import FunctionRunner
 from core.reasons import fill_reasons
@@ -39,6 +37,7 @@ from core.specs import (
     AppState,
     AppStatus,
     Cfg,
+    is_array_id,
     make_app_handle,
     parse_app_handle,
     runopts,
@@ -47,6 +46,7 @@ from core.specs import (
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from core import arrays
     from core.watch.follow import LogLine
 
 log = logging.getLogger(__name__)
@@ -383,6 +383,9 @@ class Runner(FunctionRunner):
         Raises:
             ValueError: an invalid argument (the message names it), before anything starts.
         """
+        from core import arrays
+        from core.arrays.native import first_submission, native_after
+
         scheduler = scheduler or get_default_scheduler_name()
         spec = arrays.make_spec(app, size, params, max_parallel)
         after = arrays.check_after(self, after, after_condition)
@@ -422,6 +425,9 @@ class Runner(FunctionRunner):
         condition: str,
         key: str | None,
     ) -> AppHandle:
+        from core import arrays
+        from core.arrays.native import first_submission, native_after
+
         after = arrays.check_after(self, after, condition)
         self._check_driven(app, scheduler, cfg)
         one = arrays.ArraySpec(1, None, 1)
@@ -457,6 +463,8 @@ class Runner(FunctionRunner):
         Raises:
             ValueError: ``app_handle`` is not an array, or the array was cancelled.
         """
+        from core import arrays
+
         adir, index = self._array(app_handle)
         if index is not None:
             raise ValueError(f"app handle: {app_handle} is an element; retry_failed takes an array")
@@ -470,6 +478,8 @@ class Runner(FunctionRunner):
         return [self.result(e.handle) if e.handle else None for e in status.elements]
 
     def _array(self, app_handle: AppHandle) -> tuple[arrays.ArrayDir, int | None]:
+        from core import arrays
+
         p = parse_app_handle(app_handle)
         array_id, index = arrays.split_element_id(p.app_id)
         adir = arrays.open_array(p.scheduler_backend, p.session_name, array_id)
@@ -480,6 +490,8 @@ class Runner(FunctionRunner):
         return adir, index
 
     def _array_status(self, app_handle: AppHandle) -> AppStatus | None:
+        from core import arrays
+
         try:
             adir, index = self._array(app_handle)
         except ValueError:
@@ -490,8 +502,10 @@ class Runner(FunctionRunner):
 
     def _element_app(self, app_handle: AppHandle) -> AppHandle:
         """The app an element handle stands for (any other handle unchanged)."""
-        if not arrays.is_array_id(parse_app_handle(app_handle).app_id):
+        if not is_array_id(parse_app_handle(app_handle).app_id):
             return app_handle
+        from core import arrays
+
         adir, index = self._array(app_handle)
         if index is None:
             raise ValueError(
@@ -507,7 +521,7 @@ class Runner(FunctionRunner):
     def status(self, app_handle: AppHandle) -> AppStatus | None:
         """The app's current status, or None if the scheduler does not know it. For an array,
         the aggregate state with each element's status in ``elements`` (see :meth:`run_array`)."""
-        if arrays.is_array_id(parse_app_handle(app_handle).app_id):
+        if is_array_id(parse_app_handle(app_handle).app_id):
             return self._array_status(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         return _to_status(sched.describe(app_id))
@@ -518,7 +532,7 @@ class Runner(FunctionRunner):
         out: dict[AppHandle, AppStatus | None] = {}
         for handle in app_handles:
             p = parse_app_handle(handle)
-            if arrays.is_array_id(p.app_id):  # (a file read, or the element's own app)
+            if is_array_id(p.app_id):  # (a file read, or the element's own app)
                 out[handle] = self._array_status(handle)
                 continue
             groups.setdefault((p.scheduler_backend, p.session_name), []).append((handle, p.app_id))
@@ -531,7 +545,7 @@ class Runner(FunctionRunner):
     def describe(self, app_handle: AppHandle) -> AppDef | None:
         """The app as the scheduler knows it (roles may be partial), or None if unknown (an
         array: the app its elements run)."""
-        if arrays.is_array_id(parse_app_handle(app_handle).app_id):
+        if is_array_id(parse_app_handle(app_handle).app_id):
             return self._describe_array(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         desc = sched.describe(app_id)
@@ -540,6 +554,8 @@ class Runner(FunctionRunner):
         return AppDef(name=app_id, roles=list(desc.roles))
 
     def _describe_array(self, app_handle: AppHandle) -> AppDef | None:
+        from core import arrays
+
         try:
             adir, index = self._array(app_handle)
         except ValueError:
@@ -682,11 +698,14 @@ class Runner(FunctionRunner):
         """Cancels the app (idempotent; does not wait for it to be CANCELLED). An array: every
         element not yet ended (those waiting for a slot never start)."""
         p = parse_app_handle(app_handle)
-        if arrays.is_array_id(p.app_id) and arrays.split_element_id(p.app_id)[1] is None:
-            for element in arrays.cancel_array(self._array(app_handle)[0]):
-                self.cancel(element)
-            log.info("cancelled array %s", app_handle)
-            return
+        if is_array_id(p.app_id):
+            from core import arrays
+
+            if arrays.split_element_id(p.app_id)[1] is None:
+                for element in arrays.cancel_array(self._array(app_handle)[0]):
+                    self.cancel(element)
+                log.info("cancelled array %s", app_handle)
+                return
         app_handle = self._element_app(app_handle)
         sched, app_id = self._handle_scheduler(app_handle)
         sched.cancel(app_id)
@@ -722,7 +741,9 @@ class Runner(FunctionRunner):
             ValueError: the app is unknown (the message names the handle).
             NotImplementedError: its scheduler does not collect results.
         """
-        if arrays.is_array_id(parse_app_handle(app_handle).app_id):
+        if is_array_id(parse_app_handle(app_handle).app_id):
+            from core import arrays
+
             adir, index = self._array(app_handle)
             element = arrays.element_status(adir, index) if index is not None else None
             if element is not None and element.handle is None:  # (it never started)

@@ -49,6 +49,7 @@ __all__ = [
     "VolumeMount",
     "cfg_from_str",
     "get_named_resources",
+    "is_array_id",
     "is_terminal",
     "macros",
     "make_app_handle",
@@ -783,6 +784,12 @@ _HANDLE_RE = re.compile(r"^(?P<backend>[A-Za-z0-9_.-]+)://(?P<session>[^/]*)/(?P
 def make_app_handle(scheduler_backend: str, session_name: str, app_id: str) -> AppHandle:
     """Builds ``{scheduler}://{session}/{app_id}``."""
     return f"{scheduler_backend}://{session_name}/{app_id}"
+
+
+def is_array_id(app_id: str) -> bool:
+    """Whether ``app_id`` names an array or one of its elements (see :mod:`core.arrays`):
+    array ids hold an ``@``, which no backend's app id has."""
+    return "@" in app_id
 
 
 def parse_app_handle(app_handle: AppHandle) -> ParsedAppHandle:

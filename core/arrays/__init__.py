@@ -35,6 +35,7 @@ from core.specs import (
     AppStatus,
     ElementStatus,
     Reason,
+    is_array_id,
     is_terminal,
     make_app_handle,
 )
@@ -70,11 +71,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _ELEMENT_RE = re.compile(r"(?P<array>[^@\[\]]+@[0-9a-f]+)\[(?P<index>[0-9]+)\]")
-
-
-def is_array_id(app_id: str) -> bool:
-    """Whether ``app_id`` names an array or one of its elements."""
-    return "@" in app_id
 
 
 def split_element_id(app_id: str) -> tuple[str, int | None]:

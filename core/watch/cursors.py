@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from pathlib import Path
 
 from core.specs import AppHandle
 from core.watch.follow import LogCursor
@@ -90,14 +89,18 @@ class MemoryCursorStore(CursorStore):
         self.clear()
 
 
-def make_private_dirs(path: Path) -> None:
+def make_private_dirs(path: str | os.PathLike[str]) -> None:
     """Creates ``path`` and its missing parents, each with mode 0700."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
+    missing: list[str] = []
+    d = os.fspath(path)
+    while d and not os.path.exists(d):
+        missing.append(d)
+        d = os.path.dirname(d)
     for d in reversed(missing):
-        d.mkdir(mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
 
 
 class FileCursorStore(CursorStore):
@@ -106,12 +109,13 @@ class FileCursorStore(CursorStore):
     atomically (a reader sees the old one or the new one, whole)."""
 
     def __init__(self, path: str | os.PathLike[str], handle: AppHandle) -> None:
-        self.path = Path(path)
+        self.path = os.fspath(path)
         self.handle = handle
 
     def load(self) -> LogCursor:
         try:
-            data = json.loads(self.path.read_text())
+            with open(self.path) as f:
+                data = json.load(f)
             if not isinstance(data, dict) or data.get("app_handle") != self.handle:
                 return LogCursor()
             return LogCursor(data.get("cursor") or {})
@@ -122,8 +126,9 @@ class FileCursorStore(CursorStore):
             return LogCursor()
 
     def save(self, cursor: LogCursor) -> None:
-        make_private_dirs(self.path.parent)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        parent, name = os.path.split(self.path)
+        make_private_dirs(parent)
+        tmp = os.path.join(parent, f".{name}.{os.getpid()}.tmp")
         data = json.dumps({"app_handle": self.handle, "cursor": cursor.to_dict()})
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -131,4 +136,7 @@ class FileCursorStore(CursorStore):
         os.replace(tmp, self.path)
 
     def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import abc
 import os
-import shlex
 from dataclasses import dataclass, field
 
 from core.limits import Limits
@@ -63,6 +62,8 @@ class PopenRequest:
     requeues: int | None = None
 
     def __str__(self) -> str:
+        import shlex  # (only for showing a dry run: not on every import of the scheduler)
+
         lines = [f"app_id: {self.app_id}", f"log_dir: {self.log_dir}"]
         for role, params in self.role_params.items():
             for k, p in enumerate(params):

@@ -60,14 +60,17 @@ def test_the_project_file_wins_key_by_key_over_the_users(
     user = _user_file(home, "scheduler: slurm\nslurm: {partition: long, stop_timeout: 5}\n")
     project = tmp_path / "project" / ".shipyardconfig"
     project.write_text("slurm:\n  partition: debug\n")
-    assert config_paths(tmp_path / "project", home) == [user, project]
+    assert config_paths(tmp_path / "project", home) == [str(user), str(project)]
     assert _choose(tmp_path, home) == ("slurm", {"partition": "debug", "stop_timeout": 5})
     # ~/.config when XDG_CONFIG_HOME is not set
-    assert config_paths(tmp_path / "project", {"HOME": str(tmp_path / "h")}) == [project]
+    assert config_paths(tmp_path / "project", {"HOME": str(tmp_path / "h")}) == [str(project)]
     dotconfig = tmp_path / "h" / ".config" / "shipyard" / "config.yaml"
     dotconfig.parent.mkdir(parents=True)
     dotconfig.write_text("scheduler: slurm\n")
-    assert config_paths(tmp_path / "project", {"HOME": str(tmp_path / "h")}) == [dotconfig, project]
+    assert config_paths(tmp_path / "project", {"HOME": str(tmp_path / "h")}) == [
+        str(dotconfig),
+        str(project),
+    ]
 
 
 def test_flags_over_environment_over_files(tmp_path: Path, home: dict[str, str]) -> None:
