@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -542,6 +542,17 @@ class Runner(FunctionRunner):
                 out[handle] = _to_status(described.get(app_id))
         return out
 
+    def notify_changes(
+        self, app_handle: AppHandle, callback: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Calls ``callback()`` (from another thread) whenever the app's state may have
+        changed, until the returned function is called; None when its scheduler cannot tell
+        (see ``Scheduler.notify_changes``; arrays: None). The watch polls at once on it."""
+        if is_array_id(parse_app_handle(app_handle).app_id):
+            return None
+        sched, app_id = self._handle_scheduler(app_handle)
+        return sched.notify_changes(app_id, callback)
+
     def describe(self, app_handle: AppHandle) -> AppDef | None:
         """The app as the scheduler knows it (roles may be partial), or None if unknown (an
         array: the app its elements run)."""
@@ -571,8 +582,9 @@ class Runner(FunctionRunner):
     ) -> AppStatus | None:
         """Blocks until the app is terminal and returns its final status (None if unknown).
 
-        Polls quickly at first (1 ms, doubling: a short app is seen ended within about its own
-        run time again), backing off to ``wait_interval`` seconds; through
+        Polls quickly at first (1 ms, doubling), backing off to ``wait_interval`` seconds,
+        and at once when the scheduler tells that the app may have changed (a local app
+        launched by this process: as each replica ends; see :meth:`notify_changes`); through
         :class:`core.watch.JobWatch`, so a transient failure to read the status is retried
         within the retry budget (:mod:`core.transient`).
 

@@ -6,7 +6,7 @@ import abc
 import builtins
 import copy
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -225,6 +225,16 @@ class Scheduler(abc.ABC, Generic[T]):
     @abc.abstractmethod
     def list(self) -> list[ListAppResponse]:
         """The apps launched on this scheduler, with their states."""
+
+    def notify_changes(
+        self, app_id: str, callback: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Calls ``callback()`` (from another thread; it must be short) whenever the app's
+        state may have changed, until the returned function is called: a watcher then
+        describes the app at once instead of at its next poll. None (the default) when this
+        scheduler cannot tell: the watcher only polls. The local scheduler tells of the apps
+        this process launched (each time one of their processes ends)."""
+        return None
 
     def exists(self, app_id: str) -> bool:
         """True if the app exists (was submitted)."""

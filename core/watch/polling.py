@@ -343,7 +343,10 @@ def _answer(
 class OwnWatch:
     """A watch that polls its app itself, through its waiter's runner, when the waiter asks
     (:meth:`due_in`, :meth:`poll`): no thread and no hand-off, for a waiter alone with its app
-    (``Runner.wait``, the CLI). Same schedule, retries and budget as the poller's watches."""
+    (``Runner.wait``, the CLI). Same schedule, retries and budget as the poller's watches; and
+    a poll at once when the scheduler tells that the app may have changed (a local app of this
+    process: one of its replicas ended). The shared poller keeps to its rounds, one call for
+    all its apps."""
 
     def __init__(
         self,
@@ -365,13 +368,19 @@ class OwnWatch:
         self._polled = _Polled(watches=[self])  # type: ignore[list-item]
         self._polled.delay = min(first_delay, self.poll_interval)
         self._taken = 0
+        #: set (from the scheduler's thread) when the app may have changed: poll now
+        self._changed = False
+        self._stop_notices: Callable[[], None] | None = None
 
     def due_in(self) -> float:
         """Seconds until the next poll is due (0 or less: now)."""
+        if self._changed:
+            return 0.0
         return self._polled.next_at - time.monotonic()
 
     def poll(self) -> None:
         """Reads the app's status now (a blocking call to the backend)."""
+        self._changed = False  # (before the read: a change during it is polled again)
         outcome = _one(self.runner, self.handle)
         polled = self._polled
         polled.rounds += 1
@@ -386,10 +395,26 @@ class OwnWatch:
         return _answer(self.handle, polled.outcome, self.started, self.budget)
 
     def add_listener(self, callback: Callable[[], None]) -> None:
-        """(Nothing to listen to: the waiter polls.)"""
+        """Calls ``callback()`` (from the scheduler's thread) when the scheduler tells that the
+        app may have changed (``notify_changes``; one listener): the waiter, woken, finds a
+        poll due at once. Without such notices the waiter only polls on its schedule."""
+        if self._stop_notices is not None:
+            raise RuntimeError("OwnWatch: a listener was already added")
+
+        def changed() -> None:
+            self._changed = True
+            callback()
+
+        try:
+            self._stop_notices = self.runner.notify_changes(self.handle, changed)
+        except Exception as e:  # (the polls say what is wrong with the handle)
+            log.debug("no change notices for %s: %s", self.handle, e)
 
     def close(self) -> None:
-        """(Nothing to stop.)"""
+        """Stops the scheduler's notices (idempotent)."""
+        stop, self._stop_notices = self._stop_notices, None
+        if stop is not None:
+            stop()
 
 
 def _poll(runner: JobSource, handles: list[AppHandle]) -> dict[AppHandle, Any]:

@@ -7,7 +7,7 @@ on it), so it names what it uses of a runner here instead of importing the class
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from core.specs import AppHandle, AppStatus
@@ -51,6 +51,10 @@ class JobSource(LineSource, Protocol):
     def status_many(
         self, app_handles: Iterable[AppHandle]
     ) -> dict[AppHandle, AppStatus | None]: ...
+
+    def notify_changes(
+        self, app_handle: AppHandle, callback: Callable[[], None]
+    ) -> Callable[[], None] | None: ...
 
     def replicas(self, app_handle: AppHandle) -> list[tuple[str, int]]: ...
 

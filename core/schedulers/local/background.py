@@ -162,6 +162,8 @@ class Background:
         self._flushing = False
         self._housekeepers: set[weakref.WeakMethod[Callable[[], bool]]] = set()
         self._wrappers: dict[int, _Child] = {}  # by pid: this process's wrappers, not reaped yet
+        #: by app directory: what to call as each of its wrappers is reaped (see on_exit)
+        self._listeners: dict[str, list[Callable[[], None]]] = {}
         self.collectors: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- called by submitting threads -------------------------------------------------------
@@ -204,6 +206,28 @@ class Background:
     def watch(self, child: _Child) -> None:
         """Reaps ``child`` when it exits."""
         self._put(("watch", child))
+
+    def on_exit(self, app_path: str, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Calls ``callback()`` (in the background thread: keep it short) each time one of
+        the app's wrappers that this process spawned is reaped, its exit code and usage on
+        record; None when this process has none of them left to reap. Returns the function
+        that stops it."""
+        with self._lock:
+            if self._pid != os.getpid() or not any(
+                c.app is not None and c.app.path == app_path for c in self._wrappers.values()
+            ):
+                return None
+            self._listeners.setdefault(app_path, []).append(callback)
+
+        def stop() -> None:
+            with self._lock:
+                callbacks = self._listeners.get(app_path, [])
+                if callback in callbacks:
+                    callbacks.remove(callback)
+                if not callbacks:
+                    self._listeners.pop(app_path, None)
+
+        return stop
 
     def submitted(
         self, app: AppDir, pids: list[int], grace: float, housekeeping: Callable[[], bool] | None
@@ -261,6 +285,12 @@ class Background:
             with self._lock:
                 self._wrappers.pop(child.pid, None)
                 self._idle.notify_all()
+                listeners = list(self._listeners.get(child.app.path, ()))
+            for listener in listeners:
+                try:
+                    listener()
+                except Exception:
+                    log.warning("a listener of %s failed", child.app.path, exc_info=True)
         return True
 
     # -- the thread -------------------------------------------------------------------------

@@ -156,6 +156,15 @@ class LocalScheduler(Scheduler[PopenRequest]):
     def _run_opts(self) -> runopts:
         return run_opts()
 
+    def notify_changes(
+        self, app_id: str, callback: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Calls ``callback()`` as each replica of an app this process launched ends (its
+        exit code and usage on record); None for an app launched elsewhere."""
+        if not _APP_ID_RE.fullmatch(app_id):
+            return None
+        return BACKGROUND.on_exit(AppDir(apps_root(), app_id).path, callback)
+
     # -- dry run ------------------------------------------------------------------------------
 
     def _validate(self, app: AppDef, scheduler: str, cfg: Mapping[str, CfgVal]) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,8 @@ from core.specs import AppDef, AppState, Role
 from core.transient import BackendUnavailableError, call_with_retries, is_transient, retry_budget
 from core.watch import JobWatch
 from core.watch.polling import StatusPoller, StatusWatch
+
+SHIPYARD = str(Path(sys.executable).with_name("shipyard"))
 
 
 def sh(name: str, script: str) -> AppDef:
@@ -186,3 +190,51 @@ def test_retry_budget_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHIPYARD_RETRY_BUDGET", "soon")
     with pytest.raises(ValueError, match="SHIPYARD_RETRY_BUDGET: expected seconds"):
         retry_budget()
+
+
+# -- change notices: a waiter alone with a local app it launched hears of each replica's end --
+
+
+def test_a_lone_waiter_sees_the_end_when_it_comes_not_at_its_next_poll(runner: Runner) -> None:
+    handle = runner.run(sh("notice", "sleep 1"), "local_cwd")
+    # first poll at once, the next one only after a minute: past the timeout, unless the
+    # scheduler tells the watch of the replica's end
+    watch = JobWatch(runner, handle, poll_interval=60, first_delay=60, shared=False, timeout=30)
+    assert watch.run().status.state == AppState.SUCCEEDED
+
+
+def test_a_failed_replica_ends_its_gang_at_once_for_a_lone_waiter(runner: Runner) -> None:
+    app = AppDef("gang", [Role("bad", entrypoint="sh", args=["-c", "sleep 1; exit 3"]),
+                          Role("good", entrypoint="sleep", args=["600"])])  # fmt: skip
+    handle = runner.run(app, "local_cwd")
+    watch = JobWatch(runner, handle, poll_interval=60, first_delay=60, shared=False, timeout=30)
+    status = watch.run().status
+    assert status.state == AppState.FAILED
+    assert [r.replicas[0].state for r in status.roles] == [AppState.FAILED, AppState.CANCELLED]
+
+
+def test_notices_come_per_replica_end_and_only_for_this_processes_apps(
+    runner: Runner, tmp_path: Any
+) -> None:
+    app = AppDef("two", [Role("two", entrypoint="sleep", args=["600"], num_replicas=2)])
+    handle = runner.run(app, "local_cwd")
+    heard = threading.Semaphore(0)
+    stop = runner.notify_changes(handle, heard.release)
+    assert stop is not None
+    try:
+        runner.cancel(handle)
+        assert heard.acquire(timeout=30) and heard.acquire(timeout=30)  # one per replica
+    finally:
+        stop()
+    stop()  # (idempotent)
+
+    # an app launched by another process: its ends are not seen here (the waiter polls)
+    out = subprocess.run(
+        [SHIPYARD, "run", "--scheduler", "local_cwd", "--", "sleep", "600"],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    other = out.stdout.strip().splitlines()[0]
+    try:
+        assert runner.notify_changes(other, heard.release) is None
+    finally:
+        runner.cancel(other)
