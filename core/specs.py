@@ -15,7 +15,14 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import IntEnum, StrEnum
 from typing import Any, Generic, TypeVar
 
-from core.errors import ShipyardError
+from core.handles import (
+    AppHandle,
+    MalformedAppHandleException,
+    ParsedAppHandle,
+    is_array_id,
+    make_app_handle,
+    parse_app_handle,
+)
 from core.mounts import BindMount, DeviceMount, Mount, VolumeMount, parse_mounts
 from core.options import Cfg, CfgVal, cfg_from_str, runopt, runopts
 
@@ -751,57 +758,3 @@ class AppDryRunInfo(Generic[T]):
 
     def __str__(self) -> str:
         return self._fmt(self.request)
-
-
-# --------------------------------------------------------------------------------------------
-# app handles
-# --------------------------------------------------------------------------------------------
-
-AppHandle = str
-
-
-class MalformedAppHandleException(ShipyardError, ValueError):
-    """Raised for an app handle that is not ``{scheduler}://{session}/{app_id}``."""
-
-    def __init__(self, app_handle: str) -> None:
-        super().__init__(
-            f"app handle: expected {{scheduler}}://{{session}}/{{app_id}}, got {app_handle!r}"
-        )
-
-
-@dataclass(frozen=True)
-class ParsedAppHandle:
-    """The parts of an app handle."""
-
-    scheduler_backend: str
-    session_name: str
-    app_id: str
-
-
-_HANDLE_RE = re.compile(r"^(?P<backend>[A-Za-z0-9_.-]+)://(?P<session>[^/]*)/(?P<app_id>[^/\s]+)$")
-
-
-def make_app_handle(scheduler_backend: str, session_name: str, app_id: str) -> AppHandle:
-    """Builds ``{scheduler}://{session}/{app_id}``."""
-    return f"{scheduler_backend}://{session_name}/{app_id}"
-
-
-def is_array_id(app_id: str) -> bool:
-    """Whether ``app_id`` names an array or one of its elements (see :mod:`core.arrays`):
-    array ids hold an ``@``, which no backend's app id has."""
-    return "@" in app_id
-
-
-def parse_app_handle(app_handle: AppHandle) -> ParsedAppHandle:
-    """Splits an app handle into its parts.
-
-    Raises:
-        MalformedAppHandleException: (a ``ValueError``) when the handle is not well formed.
-    """
-    if not isinstance(app_handle, str):
-        raise MalformedAppHandleException(repr(app_handle))
-    # the whole string: a handle with surrounding whitespace or a trailing newline is malformed
-    m = _HANDLE_RE.fullmatch(app_handle)
-    if not m:
-        raise MalformedAppHandleException(app_handle)
-    return ParsedAppHandle(m.group("backend"), m.group("session"), m.group("app_id"))

@@ -175,6 +175,17 @@ class AppDir:
 
         shutil.rmtree(self.path, ignore_errors=True)
 
+    def remove_ended(self) -> bool:
+        """Removes a finished app's state (and its key claim); False if its collector still
+        runs."""
+        if self.LOGS_DONE not in (self.names() or set()) and self.collector_alive():
+            return False
+        record = self.read_record()
+        self.remove()
+        if record is not None and record.key:
+            KeyClaims(os.path.dirname(self.path)).release(record.key, self.app_id)
+        return True
+
     # -- the record -------------------------------------------------------------------------
 
     def write_record(self, record: AppRecord) -> bool:

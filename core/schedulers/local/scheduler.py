@@ -676,7 +676,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         ]
         waiting = False
         for _, app in sorted(finished)[: max(0, len(finished) - self._cache_size)]:
-            if not _remove(app):
+            if not app.remove_ended():
                 waiting = True  # its collector is still writing
                 continue
             with self._lock:
@@ -778,17 +778,6 @@ def _role_record(role: Role) -> RoleRecord:
                       dict(role.env), (res.cpu, res.gpu, res.memMB))  # fmt: skip
 
 
-def _remove(app: AppDir) -> bool:
-    """Removes a finished app's state (and its key claim); False if its collector still runs."""
-    if AppDir.LOGS_DONE not in (app.names() or set()) and app.collector_alive():
-        return False
-    record = app.read_record()
-    app.remove()
-    if record is not None and record.key:
-        KeyClaims(os.path.dirname(app.path)).release(record.key, app.app_id)
-    return True
-
-
 def _sweep(cutoff: float) -> None:
     """Removes the apps of any process that finished before ``cutoff``."""
     root = apps_root()
@@ -804,4 +793,4 @@ def _sweep(cutoff: float) -> None:
                 app.check_private()
             except (UnsafeStateError, OSError):
                 continue
-            _remove(app)
+            app.remove_ended()
