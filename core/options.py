@@ -189,7 +189,9 @@ class runopts:  # noqa: N801 - name fixed by the specification
                     raise ValueError(
                         f"cfg.{name}: required option is missing ({opt.type_name}: {opt.help})"
                     )
-                value = copy.deepcopy(opt.default)
+                value = opt.default
+                if isinstance(value, list | dict):  # (each app its own)
+                    value = copy.deepcopy(value)
             resolved[name] = value
         return resolved
 

@@ -93,6 +93,7 @@ class Scheduler(abc.ABC, Generic[T]):
     def __init__(self, backend: str, session_name: str) -> None:
         self.backend = backend
         self.session_name = session_name
+        self._cfg_opts: runopts | None = None  # run_opts(), built once for resolve_cfg
 
     def close(self) -> None:
         """Frees what the scheduler holds. Never raises; safe to call more than once.
@@ -209,7 +210,10 @@ class Scheduler(abc.ABC, Generic[T]):
         Raises:
             ValueError: naming the unknown, mistyped or missing option.
         """
-        return self.run_opts().resolve(cfg)
+        opts = getattr(self, "_cfg_opts", None)  # (a subclass may skip __init__)
+        if opts is None:
+            opts = self._cfg_opts = self.run_opts()
+        return opts.resolve(cfg)
 
     def _run_opts(self) -> runopts:
         return runopts()

@@ -107,10 +107,13 @@ def peak_rss_kib() -> int:
     it now counts as its own peak. Not ``ru_maxrss``, which also holds the peak of the process
     this one was started from (a test runner, an Airflow worker)."""
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1])
+        fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            status = os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        i = status.index(b"VmHWM:")
+        return int(status[i + 6 : status.index(b"\n", i)].split()[0])
     except (OSError, ValueError, IndexError):
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -51,3 +51,18 @@ def test_what_the_installed_shells_print_is_read(tmp_path: Path, shell: str) -> 
     subprocess.run([shell, "-c", script, shell, app.path], check=True, timeout=60)
     times = app.wrapper_times(0)
     assert times is not None and times[0] >= 0.05
+
+
+def test_the_peak_rss_is_this_process_vmhwm() -> None:
+    from core.schedulers.local.outcome import peak_rss_kib
+
+    grown = bytearray(64 << 20)  # 64 MiB, touched: resident now
+    for i in range(0, len(grown), 4096):
+        grown[i] = 1
+    peak = peak_rss_kib()
+    fields = dict(
+        line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines()
+    )
+    hwm = int(fields["VmHWM"].split()[0])
+    # (reading the file after it may have grown the peak a little)
+    assert hwm - 1024 <= peak <= hwm and peak >= 64 << 10

@@ -78,3 +78,28 @@ def test_mypy_checks_typed_cfgs_for_callers(tmp_path: Path) -> None:
     assert len(errors) == 2, out
     assert "caller.py:14:" in errors[0] and '"prepend_cwd" has type "bool"' in errors[0]
     assert "caller.py:15:" in errors[1] and '"mail_user"' in errors[1]
+
+
+def test_each_resolve_gets_its_own_copy_of_a_list_or_dict_default() -> None:
+    from core.options import runopts
+
+    opts = runopts()
+    opts.add("mounts", type_=list[str], default=["a"], help="h")
+    opts.add("labels", type_=dict[str, str], default={"k": "v"}, help="h")
+    opts.add("name", type_=str, default="x", help="h")
+    first = opts.resolve({})
+    first["mounts"].append("b")  # type: ignore[union-attr]
+    first["labels"]["k2"] = "v2"  # type: ignore[index]
+    second = opts.resolve(None)
+    assert second == {"mounts": ["a"], "labels": {"k": "v"}, "name": "x"}
+
+
+def test_a_scheduler_resolves_cfgs_against_its_options_each_time() -> None:
+    sched = create_cwd_scheduler("t")
+    try:
+        assert sched.resolve_cfg({"prepend_cwd": "true"})["prepend_cwd"] is True
+        assert sched.resolve_cfg(None)["prepend_cwd"] is False
+        with pytest.raises(ValueError, match="cfg: unknown option.*nope"):
+            sched.resolve_cfg({"nope": 1})
+    finally:
+        sched.close()
