@@ -60,9 +60,7 @@ def test_the_peak_rss_is_this_process_vmhwm() -> None:
     for i in range(0, len(grown), 4096):
         grown[i] = 1
     peak = peak_rss_kib()
-    fields = dict(
-        line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines()
-    )
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     hwm = int(fields["VmHWM"].split()[0])
     # (reading the file after it may have grown the peak a little)
     assert hwm - 1024 <= peak <= hwm and peak >= 64 << 10
