@@ -213,6 +213,10 @@ def apply_usage(resp: DescribeAppResponse, lines: Mapping[int, str], record: App
         resp.msg = "; ".join([*ooms, *([] if resp.msg in ("", "<NONE>") else [resp.msg])])
 
 
+#: states by name: a dict lookup, not ``AppState[name]`` (a Python-level call per replica)
+_STATES = dict(AppState.__members__)
+
+
 def response(
     app_id: str, record: AppRecord, st: FinalState, app: AppDir | None = None
 ) -> DescribeAppResponse:
@@ -224,7 +228,7 @@ def response(
         statuses.setdefault(rep.role, RoleStatus(rep.role, [])).replicas.append(
             ReplicaStatus(
                 id=rep.replica_id,
-                state=AppState[st.states[rep.index]],
+                state=_STATES[st.states[rep.index]],
                 role=rep.role,
                 hostname=record.host,
                 exit_code=code if isinstance(code, int) else None,
@@ -241,7 +245,7 @@ def response(
     ]  # fmt: skip
     return DescribeAppResponse(
         app_id=app_id,
-        state=AppState[st.state],
+        state=_STATES[st.state],
         num_restarts=0,
         reason=st.reason or None,
         attempts=_attempts(app, record),
