@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -252,6 +250,8 @@ def _material(value: str | None, name: str, files: list[str]) -> str | None:
     if not value.lstrip().startswith(_PEM_PREFIX):
         return os.path.expanduser(value)
     if not files:
+        import tempfile  # (here: shutil and tempfile load bz2, lzma, random; start-up)
+
         files.append(tempfile.mkdtemp(prefix="shipyard-docker-tls-"))  # (mode 0700)
     path = os.path.join(files[0], name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -261,5 +261,7 @@ def _material(value: str | None, name: str, files: list[str]) -> str | None:
 
 
 def _remove(files: list[str]) -> None:
+    import shutil  # (see _material)
+
     for path in files:
         shutil.rmtree(path, ignore_errors=True)

@@ -7,7 +7,6 @@ names; none invents its own.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 import zlib
@@ -163,6 +162,8 @@ def container_name(app_id: str, role_name: str, replica_id: int) -> str:
 
 def hash_key(key: str) -> str:
     """The form in which an idempotency key is stored (labels and names are visible to all)."""
+    import hashlib  # (here: only keyed submits; start-up)
+
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:40]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import tarfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +43,8 @@ def collected(labels: Mapping[str, str]) -> bool:
 
 def untar_one(chunks: Any, what: str) -> bytes | int:
     """The one file of a ``get_archive`` stream (its size if over the limit)."""
+    import tarfile  # (here: results only; it loads shutil, bz2 and lzma)
+
     data = b"".join(chunks)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         member = next((m for m in tar.getmembers() if m.isfile()), None)
@@ -58,6 +59,8 @@ def untar_one(chunks: Any, what: str) -> bytes | int:
 
 def read_container_result(api: Any, c: Mapping[str, Any]) -> ReplicaResult:
     """The result of one container (running or stopped)."""
+    import tarfile
+
     from docker.errors import APIError, NotFound
 
     labels = c.get("Labels") or {}

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from typing import TypedDict
@@ -296,7 +295,7 @@ def check_mount(mount: BindMount | VolumeMount | DeviceMount, where: str) -> Non
 
 def build_job(app: AppDef, cfg: Mapping[str, CfgVal], session_name: str) -> DockerJob:
     """The containers of ``app``: one per replica, with its labels, environment and limits."""
-    app_id = f"{app.name}-{secrets.token_hex(5)}"
+    app_id = f"{app.name}-{os.urandom(5).hex()}"
     env = _base_env(cfg)
     limits = limits_from_cfg(cfg)
     requeue = requeue_from_cfg(cfg, limits)

@@ -23,12 +23,11 @@ import heapq
 import io
 import json
 import logging
-import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.reports import ReplicaResult
 from core.schedulers.api import DescribeAppResponse, Stream
@@ -67,6 +66,9 @@ from core.schedulers.docker.submit import (
 )
 from core.schedulers.docker.usage import UsageBook
 from core.specs import AppState, Attempt, is_terminal
+
+if TYPE_CHECKING:
+    import tarfile
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ def remove_app_networks(api: Any, app_id: str) -> None:
 def archive_logs(api: Any, app_id: str, containers: state.Containers) -> None:
     """Copies every replica's stdout and stderr (whole lines with their timestamps) into the
     app's tombstone volume, through a container that is created for the copy and never runs."""
+    import tarfile  # (here: retiring only; it loads shutil, bz2 and lzma)
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for c in containers:
@@ -163,6 +167,8 @@ def read_archive(
 
 def _archive_result(api: Any, c: Mapping[str, Any], tar: tarfile.TarFile) -> None:
     """Keeps a collected replica's result file (if it wrote one) with its logs."""
+    import tarfile
+
     from docker.errors import NotFound
 
     labels = c.get("Labels") or {}
@@ -213,6 +219,8 @@ def _file_name(labels: Any, stream: Stream) -> str:
 
 
 def _read_file(api: Any, cid: str, name: str) -> list[bytes]:
+    import tarfile
+
     chunks, _ = api.get_archive(cid, f"{_ARCHIVE_DIR}/{name}")
     with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
         member = tar.extractfile(name)

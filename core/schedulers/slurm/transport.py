@@ -15,7 +15,6 @@ import logging
 import os
 import posixpath
 import shlex
-import shutil
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -139,6 +138,8 @@ class LocalFiles(Files):
             f.write(data)
 
     def put(self, local: str, path: str, mode: int = 0o600) -> None:
+        import shutil  # (here: it loads bz2 and lzma, a start-up cost for every command)
+
         fd = os.open(self._local(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "wb") as dst, open(local, "rb") as src:
             shutil.copyfileobj(src, dst, 1 << 20)
