@@ -229,6 +229,27 @@ class Background:
 
         return stop
 
+    def wait_reaped(self, app_path: str, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds until this process has reaped every wrapper of the
+        app that it spawned (an ended app's wrappers exit right after recording their exit
+        codes; their usage is recorded as they are reaped). True if it waited for any."""
+        if threading.current_thread() is self.thread:
+            return False  # (the reaper itself: it would wait for itself)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if self._pid != os.getpid():
+                return False
+            waited = False
+            while any(
+                c.app is not None and c.app.path == app_path for c in self._wrappers.values()
+            ):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                waited = True
+                self._idle.wait(left)
+            return waited
+
     def submitted(
         self, app: AppDir, pids: list[int], grace: float, housekeeping: Callable[[], bool] | None
     ) -> None:

@@ -412,12 +412,18 @@ class LocalScheduler(Scheduler[PopenRequest]):
         if obs is None:
             return None
         state = obs.done or self._settle(app, record, obs) or running_state(app, obs)
+        names = obs.names  # (an ended app's usage is on record once its wrappers are reaped)
+        if state.state != "RUNNING" and self._launched_here(app_id):
+            names = (BACKGROUND.wait_reaped(app.path, 1.0) and app.names()) or names
         resp = response(app_id, record, state, app)
-        usages = put_usage(resp, app, obs.names, record)
+        usages = put_usage(resp, app, names, record)
         if obs.done is not None:
             self._ended.put(app_id, obs.done, usages, len(record.replicas))
             self._liveness.forget(app_id)
         return resp
+
+    def _launched_here(self, app_id: str) -> bool:
+        return app_id in self._launched  # (one lookup: atomic, no lock needed)
 
     def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
         """The replicas' results, from their files in the app's directory."""
@@ -439,9 +445,7 @@ class LocalScheduler(Scheduler[PopenRequest]):
         may be gone (its submitter was killed), its logs are collected here too."""
         final = settle(app, record, obs, self._grace)
         if final is not None:
-            with self._lock:
-                launched_here = app.app_id in self._launched
-            if not launched_here and AppDir.LOGS_DONE not in obs.names:
+            if not self._launched_here(app.app_id) and AppDir.LOGS_DONE not in obs.names:
                 collect(app.path, self._grace, follow=False)
         return final
 

@@ -26,6 +26,7 @@ from core.specs import (
     Resource,
     ResourceUsage,
     Role,
+    is_terminal,
 )
 from tests.integration.docker.usage_probe import measure
 
@@ -274,3 +275,20 @@ def test_preflight_counts_the_gpus_auto_set_cuda_visible_devices_hands_out(
     app.roles[0].num_replicas = 1
     assert runner.preflight(app, "local_cwd", cfg) == []
     assert runner.preflight(app, "local_cwd") == []  # not asked to hand GPUs out
+
+
+def test_an_app_seen_ending_by_its_submitter_shows_what_the_reaper_recorded(runner: Runner) -> None:
+    """The first describe that sees an app of this process end waits for its wrappers'
+    reaping (they exit right after their exit codes): every replica's usage is then the
+    reaper's, not the wrappers' own fallback (which has no peak memory, and whose end is the
+    file clock's, a tick behind: an `echo` once showed a wall time of 0)."""
+    app = AppDef("reaped", [Role("r", entrypoint="true", num_replicas=4)])
+    sched = runner.scheduler("local_cwd")
+    for _ in range(10):
+        app_id = runner.run(app, "local_cwd").rsplit("/", 1)[1]
+        while (desc := sched.describe(app_id)) is not None and not is_terminal(desc.state):
+            pass  # (no sleep: the look right after the last exit code is the one at stake)
+        assert desc is not None and desc.state == AppState.SUCCEEDED
+        assert sorted(AppDir(apps_root(), app_id).usages()) == [0, 1, 2, 3]
+        replicas = [r for rs in desc.roles_statuses for r in rs.replicas]
+        assert all(r.usage is not None and r.usage.wall_time > 0 for r in replicas), replicas
