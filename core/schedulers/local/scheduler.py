@@ -412,8 +412,8 @@ class LocalScheduler(Scheduler[PopenRequest]):
         if obs is None:
             return None
         state = obs.done or self._settle(app, record, obs) or running_state(app, obs)
-        names = obs.names  # (an ended app's usage is on record once its wrappers are reaped)
-        if state.state != "RUNNING" and self._launched_here(app_id):
+        names = obs.names
+        if state.state != "RUNNING":  # (usage is recorded as this process reaps the wrappers)
             names = (BACKGROUND.wait_reaped(app.path, 1.0) and app.names()) or names
         resp = response(app_id, record, state, app)
         usages = put_usage(resp, app, names, record)

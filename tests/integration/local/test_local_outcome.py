@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from core.reports import MAX_RESULT_BYTES, Problem, ResultError, oom_message, over_requests
-from core.runner import Runner
+from core.runner import Runner, get_runner
 from core.schedulers.local.appdir import AppDir, apps_root
 from core.schedulers.local.outcome import apply_usage, response
 from core.schedulers.local.records import AppRecord, FinalState, ReplicaRecord, RoleRecord
@@ -283,12 +283,19 @@ def test_an_app_seen_ending_by_its_submitter_shows_what_the_reaper_recorded(runn
     reaper's, not the wrappers' own fallback (which has no peak memory, and whose end is the
     file clock's, a tick behind: an `echo` once showed a wall time of 0)."""
     app = AppDef("reaped", [Role("r", entrypoint="true", num_replicas=4)])
-    sched = runner.scheduler("local_cwd")
-    for _ in range(10):
-        app_id = runner.run(app, "local_cwd").rsplit("/", 1)[1]
-        while (desc := sched.describe(app_id)) is not None and not is_terminal(desc.state):
-            pass  # (no sleep: the look right after the last exit code is the one at stake)
-        assert desc is not None and desc.state == AppState.SUCCEEDED
-        assert sorted(AppDir(apps_root(), app_id).usages()) == [0, 1, 2, 3]
-        replicas = [r for rs in desc.roles_statuses for r in rs.replicas]
-        assert all(r.usage is not None and r.usage.wall_time > 0 for r in replicas), replicas
+    # the submitting runner's scheduler, and another's in the same process (as a shared
+    # status poller's): the wrappers are this process's either way
+    with get_runner("reaped-watch") as other:
+        scheds = [runner.scheduler("local_cwd"), other.scheduler("local_cwd")]
+        for i in range(10):
+            _described_at_its_end(runner, app, scheds[i % 2])
+
+
+def _described_at_its_end(runner: Runner, app: AppDef, sched: Any) -> None:
+    app_id = runner.run(app, "local_cwd").rsplit("/", 1)[1]
+    while (desc := sched.describe(app_id)) is not None and not is_terminal(desc.state):
+        pass  # (no sleep: the look right after the last exit code is the one at stake)
+    assert desc is not None and desc.state == AppState.SUCCEEDED
+    assert sorted(AppDir(apps_root(), app_id).usages()) == [0, 1, 2, 3]
+    replicas = [r for rs in desc.roles_statuses for r in rs.replicas]
+    assert all(r.usage is not None and r.usage.wall_time > 0 for r in replicas), replicas
