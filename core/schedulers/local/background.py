@@ -213,9 +213,7 @@ class Background:
         record; None when this process has none of them left to reap. Returns the function
         that stops it."""
         with self._lock:
-            if self._pid != os.getpid() or not any(
-                c.app is not None and c.app.path == app_path for c in self._wrappers.values()
-            ):
+            if self._pid != os.getpid() or not self._has_wrappers(app_path):
                 return None
             self._listeners.setdefault(app_path, []).append(callback)
 
@@ -240,15 +238,17 @@ class Background:
             if self._pid != os.getpid():
                 return False
             waited = False
-            while any(
-                c.app is not None and c.app.path == app_path for c in self._wrappers.values()
-            ):
+            while self._has_wrappers(app_path):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 waited = True
                 self._idle.wait(left)
             return waited
+
+    def _has_wrappers(self, app_path: str) -> bool:
+        """(Under the lock) True while this process has a wrapper of the app not reaped yet."""
+        return any(c.app is not None and c.app.path == app_path for c in self._wrappers.values())
 
     def submitted(
         self, app: AppDir, pids: list[int], grace: float, housekeeping: Callable[[], bool] | None

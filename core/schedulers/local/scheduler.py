@@ -422,9 +422,6 @@ class LocalScheduler(Scheduler[PopenRequest]):
             self._liveness.forget(app_id)
         return resp
 
-    def _launched_here(self, app_id: str) -> bool:
-        return app_id in self._launched  # (one lookup: atomic, no lock needed)
-
     def read_results(self, app_id: str) -> builtins.list[ReplicaResult]:
         """The replicas' results, from their files in the app's directory."""
         found = self._load(app_id)
@@ -445,7 +442,9 @@ class LocalScheduler(Scheduler[PopenRequest]):
         may be gone (its submitter was killed), its logs are collected here too."""
         final = settle(app, record, obs, self._grace)
         if final is not None:
-            if not self._launched_here(app.app_id) and AppDir.LOGS_DONE not in obs.names:
+            with self._lock:
+                launched_here = app.app_id in self._launched
+            if not launched_here and AppDir.LOGS_DONE not in obs.names:
                 collect(app.path, self._grace, follow=False)
         return final
 
