@@ -190,8 +190,9 @@ class Background:
                 )
                 _start_deaf_to_stop_signals(self._thread)
                 return
-        if self._asleep:  # read after the append: no wake-up is lost (see _wait)
-            self._wake()
+        # always: a wrapper's pidfd is watched at once, not at the next tick (a describe that
+        # sees its app end waits for its reaping)
+        self._wake()
 
     def _wake(self) -> None:
         try:
