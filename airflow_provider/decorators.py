@@ -69,10 +69,11 @@ class _ShipyardDecoratedOperator(DecoratedOperator, ShipyardOperator):
 
     def _function_job(self) -> tuple[str, dict[str, Any], AppDef]:
         if self._job is None:
+            self._connection()  # (its Docker engine, where an image is checked)
             self._job = function_job(
                 self.python_callable, tuple(self.op_args), dict(self.op_kwargs),
                 scheduler=super()._scheduler_name, cfg=super()._cfg(),
-                image=self.image, resource=self.resource,
+                image=self.image, resource=self.resource, docker_engine=self._engine,
             )  # fmt: skip
         return self._job
 

@@ -28,6 +28,10 @@ from core.errors import ShipyardError
 from core.reports import AppResult
 from core.specs import AppDef, AppState, AppStatus, Resource, Role
 
+if TYPE_CHECKING:
+    from core.schedulers.api import Scheduler
+    from core.schedulers.docker.engine import DockerEngine
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -235,32 +239,40 @@ def _probe_local(python: str) -> str:
 
 
 @functools.cache
-def _probe_image(image: str, python: str) -> str:
-    import docker
-    from docker.errors import APIError, ContainerError, ImageNotFound
+def _probe_image(image: str, python: str, engine: DockerEngine | None) -> str:
+    from docker.errors import DockerException
+
+    from core.schedulers.docker.checks import image_python
+    from core.schedulers.docker.engine import connect
 
     try:
-        out = docker.from_env().containers.run(
-            image, [python, "-c", _PROBE], remove=True, network_disabled=True, entrypoint=[]
-        )
-    except ImageNotFound:
-        raise ValueError(f"image: {image!r} is not present on the Docker engine") from None
-    except ContainerError as e:
-        last = (e.stderr or b"").decode(errors="replace").strip().splitlines() or ["no output"]
+        client = connect(engine)
+    except DockerException as e:
+        raise ValueError(f"image: cannot check {image!r}: no Docker engine answers ({e})") from None
+    try:
+        status, out, err = image_python(client.api, image, python, _PROBE)
+    finally:
+        client.close()
+    if status != 0:
+        last = err.strip().splitlines() or [f"exit code {status}"]
         raise ValueError(f"cfg.{PYTHON_CFG}: {python} in {image} cannot import cloudpickle"
-                         f" ({last[-1]})") from None  # fmt: skip
-    except APIError as e:
-        raise ValueError(
-            f"cfg.{PYTHON_CFG}: cannot run {python} in {image}: {e.explanation}"
-        ) from None
-    return bytes(out).decode().strip()
+                         f" ({last[-1]})")  # fmt: skip
+    return out.strip()
 
 
-def check_interpreter(scheduler: str, cfg: Mapping[str, Any], python: str, image: str = "") -> None:
+def check_interpreter(
+    scheduler: str,
+    cfg: Mapping[str, Any],
+    python: str,
+    image: str = "",
+    docker_engine: DockerEngine | None = None,
+) -> None:
     """Pre-flight of the job's interpreter where this host can run it (local processes, a
     Docker image, a Slurm cluster reached through this host's commands; once per interpreter
     and image): it must import cloudpickle and be this Python's minor version. Behind a login
-    node or slurmrestd the job checks it first and fails with the same message.
+    node or slurmrestd the job checks it first and fails with the same message. A Docker image
+    is run on ``docker_engine`` (None: the environment's engine), in a container removed
+    at once.
 
     Raises:
         ValueError: naming ``cfg.python`` (or ``image``) and what was found.
@@ -268,7 +280,7 @@ def check_interpreter(scheduler: str, cfg: Mapping[str, Any], python: str, image
     if scheduler == "local_docker":
         if not image:
             raise ValueError("image: expected a Docker image with Python and cloudpickle, got none")
-        have = _probe_image(image, python)
+        have = _probe_image(image, python, docker_engine)
     elif _on_this_host(scheduler, cfg):
         have = _probe_local(python)
     else:
@@ -346,10 +358,12 @@ def function_job(
     cfg: Mapping[str, Any] | None,
     image: str = "",
     resource: Resource | None = None,
+    docker_engine: DockerEngine | None = None,
 ) -> tuple[str, dict[str, Any], AppDef]:
     """The scheduler, run options and app that call ``fn(*args, **kwargs)`` there, the
-    interpreter checked (:func:`check_interpreter`): what :meth:`FunctionRunner.run_function`
-    submits, for integrations that submit it their own way.
+    interpreter checked (:func:`check_interpreter`, a Docker image on ``docker_engine``):
+    what :meth:`FunctionRunner.run_function` submits, for integrations that submit it their
+    own way.
 
     Raises:
         ValueError: naming the argument, before anything starts.
@@ -359,7 +373,7 @@ def function_job(
     scheduler = scheduler or get_default_scheduler_name()
     rest, python = split_cfg(cfg)
     python = python or default_python(scheduler, rest)
-    check_interpreter(scheduler, rest, python, image)
+    check_interpreter(scheduler, rest, python, image, docker_engine)
     app = function_app(fn, args, kwargs, python=python, image=image, resource=resource)
     return scheduler, rest, app
 
@@ -368,6 +382,8 @@ class FunctionRunner:
     """The function-job methods of :class:`core.runner.Runner` (mixed into it)."""
 
     if TYPE_CHECKING:  # (what they use of the runner)
+
+        def scheduler(self, backend: str) -> Scheduler[Any]: ...
 
         def run(self, app: AppDef, scheduler: str | None, cfg: Mapping[str, Any]) -> str: ...
 
@@ -407,8 +423,9 @@ class FunctionRunner:
                 interpreter is unfit (each message names it), before anything starts.
         """
         name, rest, app = function_job(
-            fn, args, kwargs, scheduler=scheduler, cfg=cfg, image=image, resource=resource
-        )
+            fn, args, kwargs, scheduler=scheduler, cfg=cfg, image=image, resource=resource,
+            docker_engine=self._docker_engine(scheduler),
+        )  # fmt: skip
         return self.run(app, name, rest)
 
     def map_function(
@@ -429,9 +446,20 @@ class FunctionRunner:
         if not params:
             raise ValueError("calls: expected at least one call, got none")
         name, rest, app = function_job(
-            fn, (), {}, scheduler=scheduler, cfg=cfg, image=image, resource=resource
-        )
+            fn, (), {}, scheduler=scheduler, cfg=cfg, image=image, resource=resource,
+            docker_engine=self._docker_engine(scheduler),
+        )  # fmt: skip
         return self.run_array(app, name, rest, params=params, max_parallel=max_parallel)
+
+    def _docker_engine(self, scheduler: str | None) -> DockerEngine | None:
+        """The engine of this runner's ``local_docker`` scheduler, where a function job's
+        image is checked (None: another scheduler, or the environment's engine)."""
+        from core.schedulers import get_default_scheduler_name
+
+        if (scheduler or get_default_scheduler_name()) != "local_docker":
+            return None
+        engine: DockerEngine | None = getattr(self.scheduler("local_docker"), "engine", None)
+        return engine
 
     def wait_function(self, handle: str, timeout: float | None = None) -> Any:
         """Waits for the function job ``handle`` and returns what the function returned.

@@ -306,6 +306,12 @@ class Backend:
         """The block's job-page URL template, if it has one."""
         return self.block.ui_url if self.block is not None else None
 
+    @property
+    def docker_engine(self) -> DockerEngine | None:
+        """The block's Docker engine and registry login; None: the environment's engine."""
+        block = self.block
+        return block.docker_engine() if block is not None and block.needs_docker_client else None
+
     def runner(self) -> Runner:
         """A runner that reaches this backend (the block's Docker engine, if it names one)."""
         factories = self.factories()
@@ -318,14 +324,13 @@ class Backend:
         Raises:
             ValueError: the block names a Docker engine and ``local_docker`` is not installed.
         """
-        block = self.block
-        if block is None or not block.needs_docker_client:
+        engine = self.docker_engine
+        if engine is None:
             return None
         factories = dict(get_scheduler_factories())
         docker_factory = factories.get("local_docker")
         if docker_factory is None:
             raise ValueError("docker_host: the local_docker scheduler is not available")
-        engine = block.docker_engine()
 
         def make_docker(session_name: str, **kwargs: Any) -> Any:
             return docker_factory(session_name, **{**kwargs, "docker_engine": engine})

@@ -64,8 +64,9 @@ def run_function_job(
     backend = resolve_backend(scheduler, cfg)
     name, merged = with_cluster(backend.scheduler, backend.cfg, use_cluster(cluster))
     name, rest, app = function_job(
-        fn, args, kwargs or {}, scheduler=name, cfg=merged, image=image, resource=resource
-    )
+        fn, args, kwargs or {}, scheduler=name, cfg=merged, image=image, resource=resource,
+        docker_engine=backend.docker_engine,
+    )  # fmt: skip
     logger = run_logger()
     key = jobs.derive_idempotency_key(app, name, rest, None)
     jobs.guard_flow_run()

@@ -11,10 +11,14 @@ found without starting anything; every problem is reported, each naming its fiel
   and never started (``get_archive`` reads a created container's filesystem), then removed;
   a name is searched on the role's or the image's ``PATH``, a relative path from the image's
   working directory.
+
+:func:`image_python` runs a function job's interpreter in its image once, before the job is
+submitted (see :mod:`core.functions`), in a container that is removed whatever happens.
 """
 
 from __future__ import annotations
 
+import logging
 import posixpath
 from typing import Any
 
@@ -22,13 +26,17 @@ from core.reports import Problem
 from core.schedulers.docker import images, request
 from core.specs import AppDef, Role
 
-__all__ = ["preflight"]
+log = logging.getLogger(__name__)
+
+__all__ = ["image_python", "preflight"]
 
 #: the PATH of a container whose image sets none (what the engine gives it)
 _ENGINE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MODE_DIR = 1 << 31  # Go's fs.ModeDir, in get_archive's stat of a path
 _MODE_SYMLINK = 1 << 27  # fs.ModeSymlink
 SHELL = "/bin/sh"
+#: the label of an interpreter probe's container (removed at once; a leftover is findable)
+LABEL_PROBE = "shipyard.probe"
 
 
 def preflight(
@@ -141,3 +149,34 @@ def _kind(api: Any, cid: str, path: str) -> str | None:
     if mode & _MODE_DIR:
         return "directory"
     return "executable" if mode & _MODE_SYMLINK or mode & 0o111 else "file"
+
+
+def image_python(api: Any, image: str, python: str, code: str) -> tuple[int, str, str]:
+    """The exit code, stdout and stderr of ``python -c code`` in a container of ``image`` (no
+    network; the image's ENTRYPOINT replaced); the container is removed whatever happens.
+
+    Raises:
+        ValueError: naming ``image`` (not on the engine) or ``cfg.python`` (it cannot start).
+    """
+    from docker.errors import APIError, ImageNotFound
+
+    try:
+        cid = api.create_container(
+            image, [python, "-c", code], entrypoint=[], network_disabled=True,
+            labels={LABEL_PROBE: "python"},
+        )["Id"]  # fmt: skip
+    except ImageNotFound:
+        raise ValueError(f"image: {image!r} is not present on the Docker engine") from None
+    try:
+        api.start(cid)
+        status = int(api.wait(cid).get("StatusCode", -1))
+        out = api.logs(cid, stdout=True, stderr=False)
+        err = api.logs(cid, stdout=False, stderr=True)
+    except APIError as e:  # (e.g. the interpreter is not in the image)
+        raise ValueError(f"cfg.python: cannot run {python} in {image}: {e.explanation}") from None
+    finally:
+        try:
+            api.remove_container(cid, v=True, force=True)
+        except APIError as e:
+            log.warning("could not remove the probe container %s: %s", cid[:12], e)
+    return status, out.decode(errors="replace"), err.decode(errors="replace")

@@ -109,6 +109,12 @@ class DockerScheduler(DockerWorkspaceMixin, Scheduler[DockerJob]):
     def _api(self) -> Any:
         return self._docker_client.api
 
+    @property
+    def engine(self) -> DockerEngine | None:
+        """The engine and registry login it was given (None: the environment's engine, or the
+        engine of the client it was given)."""
+        return self._engine
+
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:

@@ -23,8 +23,9 @@ from core.runner import get_runner
 from core.schedulers.docker.engine import connect
 from core.schedulers.docker_scheduler import LABEL_SESSION, DockerEngine, DockerScheduler
 from core.specs import AppDef, AppState, Role
+from tests.integration import functions
 from tests.integration.docker.test_docker_scheduler import IMAGE, wait_terminal
-from tests.services import DOCKER_TLS_CLIENT_DIR, docker_secure_problem, require
+from tests.services import DOCKER_TLS_CLIENT_DIR, docker_secure_problem, python_image, require
 
 pytestmark = pytest.mark.docker
 
@@ -122,6 +123,21 @@ def test_docker_host_from_the_environment_over_tls(
     client = connect()
     assert client.api.base_url == "https://127.0.0.1:2376"
     client.close()
+
+
+def test_a_function_jobs_image_is_checked_on_the_runners_engine(
+    certs: Path, docker_client: Any, cleanup: list[DockerScheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = python_image(docker_client)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")  # (not the environment's)
+    session = f"pytest-tlsfn-{uuid.uuid4().hex[:8]}"
+    with get_runner(session) as plain:  # no engine of its own: the environment's answers not
+        with pytest.raises(ValueError, match=r"^image: cannot check .*: no Docker engine answers"):
+            plain.run_function(functions.square, 3, scheduler="local_docker", image=image)
+    with get_runner(session, docker_engine=_tls(certs)) as runner:
+        handle = runner.run_function(functions.square, 3, scheduler="local_docker", image=image)
+        assert runner.wait_function(handle, timeout=120) == 9
+    cleanup.append(DockerScheduler(session, docker_engine=_tls(certs)))
 
 
 @pytest.mark.parametrize(
