@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -9,9 +10,22 @@ import pytest
 
 from tests.services import docker_problem, require, slurm_problem
 
-# Local apps of the test run keep their state in a directory of their own.
-_STATE = tempfile.mkdtemp(prefix="shipyard-test-state-")
-os.environ.setdefault("SHIPYARD_STATE_DIR", _STATE)
+# Local apps of the test run keep their state in a directory of their own (unless one is
+# given), removed after a run that passed and kept, for a look, after one that failed.
+_STATE = ""
+if "SHIPYARD_STATE_DIR" not in os.environ:
+    _STATE = tempfile.mkdtemp(prefix="shipyard-test-state-")
+    os.environ["SHIPYARD_STATE_DIR"] = _STATE
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _STATE and exitstatus == pytest.ExitCode.OK:
+        shutil.rmtree(_STATE, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
+    if _STATE and exitstatus != pytest.ExitCode.OK and os.path.isdir(_STATE):
+        terminalreporter.write_line(f"local apps' state of this run kept in {_STATE}")
 
 
 @pytest.fixture
