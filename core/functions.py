@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import sys
 import zlib
@@ -239,7 +240,10 @@ def _probe_local(python: str) -> str:
 
 
 @functools.cache
-def _probe_image(image: str, python: str, engine: DockerEngine | None) -> str:
+def _probe_image(
+    image: str, python: str, engine: DockerEngine | None, pull: str, docker_host: str | None
+) -> str:
+    """(``docker_host``: ``$DOCKER_HOST``, which names the engine when ``engine`` is None)"""
     from docker.errors import DockerException
 
     from core.schedulers.docker.checks import image_python
@@ -250,7 +254,7 @@ def _probe_image(image: str, python: str, engine: DockerEngine | None) -> str:
     except DockerException as e:
         raise ValueError(f"image: cannot check {image!r}: no Docker engine answers ({e})") from None
     try:
-        status, out, err = image_python(client.api, image, python, _PROBE)
+        status, out, err = image_python(client.api, image, python, _PROBE, pull)
     finally:
         client.close()
     if status != 0:
@@ -272,7 +276,7 @@ def check_interpreter(
     and image): it must import cloudpickle and be this Python's minor version. Behind a login
     node or slurmrestd the job checks it first and fails with the same message. A Docker image
     is run on ``docker_engine`` (None: the environment's engine), in a container removed
-    at once.
+    at once; it is pulled first if the engine lacks it, unless cfg ``pull`` is ``never``.
 
     Raises:
         ValueError: naming ``cfg.python`` (or ``image``) and what was found.
@@ -280,7 +284,8 @@ def check_interpreter(
     if scheduler == "local_docker":
         if not image:
             raise ValueError("image: expected a Docker image with Python and cloudpickle, got none")
-        have = _probe_image(image, python, docker_engine)
+        pull = str(cfg.get("pull") or "missing")
+        have = _probe_image(image, python, docker_engine, pull, os.environ.get("DOCKER_HOST"))
     elif _on_this_host(scheduler, cfg):
         have = _probe_local(python)
     else:

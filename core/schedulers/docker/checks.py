@@ -151,22 +151,28 @@ def _kind(api: Any, cid: str, path: str) -> str | None:
     return "executable" if mode & _MODE_SYMLINK or mode & 0o111 else "file"
 
 
-def image_python(api: Any, image: str, python: str, code: str) -> tuple[int, str, str]:
+def image_python(
+    api: Any, image: str, python: str, code: str, pull: str = request.DEFAULT_PULL
+) -> tuple[int, str, str]:
     """The exit code, stdout and stderr of ``python -c code`` in a container of ``image`` (no
-    network; the image's ENTRYPOINT replaced); the container is removed whatever happens.
+    network; the image's ENTRYPOINT replaced); the container is removed whatever happens. The
+    image is pulled first if it is absent, unless ``pull`` is ``never`` (the submit that
+    follows pulls it again if ``pull`` is ``always``).
 
     Raises:
-        ValueError: naming ``image`` (not on the engine) or ``cfg.python`` (it cannot start).
+        ValueError: naming ``image`` (absent and not to be pulled, the pull failed, the engine
+            rejects it) or ``cfg.python`` (it cannot start).
     """
-    from docker.errors import APIError, ImageNotFound
+    from docker.errors import APIError
 
+    images.ensure_image(api, image, "never" if pull == "never" else "missing")
     try:
         cid = api.create_container(
             image, [python, "-c", code], entrypoint=[], network_disabled=True,
             labels={LABEL_PROBE: "python"},
         )["Id"]  # fmt: skip
-    except ImageNotFound:
-        raise ValueError(f"image: {image!r} is not present on the Docker engine") from None
+    except APIError as e:
+        raise ValueError(f"image: the Docker engine rejects {image!r}: {e.explanation}") from None
     try:
         api.start(cid)
         status = int(api.wait(cid).get("StatusCode", -1))

@@ -47,10 +47,17 @@ def ensure(api: Any, pool: ThreadPoolExecutor, job: DockerJob, app: AppDef | Non
     """
     policy = check_pull_policy(job.pull)
     images = dict.fromkeys(c.image for c in job.containers)
-    parallel(pool, lambda image: _ensure_one(api, image, policy, image_field(image, app)), images)
+    parallel(pool, lambda image: ensure_image(api, image, policy, image_field(image, app)), images)
 
 
-def _ensure_one(api: Any, image: str, policy: str, field: str) -> None:
+def ensure_image(api: Any, image: str, policy: str, field: str = "image") -> None:
+    """Pulls ``image`` as ``policy`` says (``always``; ``missing``: when the engine lacks it;
+    ``never``), like ``docker run --pull``.
+
+    Raises:
+        ValueError: naming ``field``: the image is absent and may not be pulled, or the pull
+            failed.
+    """
     if policy == "always" and not is_image_id(image):
         pull(api, image, field)
         return

@@ -24,6 +24,7 @@ from core.reports import Problem
 from core.runner import get_runner
 from core.schedulers.docker_scheduler import LABEL_SESSION, DockerEngine, DockerScheduler
 from core.specs import AppDef, AppState, Role
+from tests.integration import functions
 from tests.integration.docker.test_docker_scheduler import IMAGE, wait_terminal
 from tests.services import REGISTRY_PASSWORD_FILE, docker_secure_problem, require
 
@@ -171,6 +172,33 @@ def test_credentials_from_docker_config_json(
     finally:
         sched.close()
         _remove_local(docker_client, remote_image)
+
+
+def test_a_function_jobs_image_is_pulled_with_the_runners_login(
+    remote_image: str,
+    password: str,
+    docker_client: Any,
+    no_credentials: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="core.schedulers.docker")
+    session = f"pytest-pullfn-{uuid.uuid4().hex[:8]}"
+    try:
+        with get_runner(session, docker_engine=_engine(password)) as runner:
+            with pytest.raises(ValueError, match=r"^image: .*not present.*pull=never"):
+                runner.run_function(functions.square, 2, scheduler="local_docker",
+                                    cfg={"pull": "never"}, image=remote_image)  # fmt: skip
+            assert _pulls(caplog, remote_image) == 0
+            # pulled with the runner's login (the environment has none), then checked: the
+            # busybox image has no python3
+            with pytest.raises(ValueError, match=r"^cfg.python: cannot run python3 in .*pull-"):
+                runner.run_function(functions.square, 2, scheduler="local_docker",
+                                    image=remote_image)  # fmt: skip
+            assert _pulls(caplog, remote_image) == 1
+            assert runner.scheduler("local_docker").list() == []
+    finally:
+        _remove_local(docker_client, remote_image)
+    assert password not in caplog.text
 
 
 @pytest.mark.parametrize("credentials", ["wrong", "none"])
