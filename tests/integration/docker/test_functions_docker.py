@@ -35,20 +35,22 @@ def test_value_exception_and_map(docker_runner: Runner, docker_client: Any) -> N
     functions.check_value_exception_and_map(docker_runner, "local_docker", image=image)
 
 
-def _busybox_containers(client: Any) -> set[str]:
-    return {c["Id"] for c in client.api.containers(all=True, filters={"ancestor": BUSYBOX})}
+def _probes(client: Any) -> set[str]:
+    """The busybox containers of an interpreter check (its command imports cloudpickle)."""
+    found = client.api.containers(all=True, filters={"ancestor": BUSYBOX})
+    return {c["Id"] for c in found if "cloudpickle" in c.get("Command", "")}
 
 
 def test_image_without_python_refused_before_anything_starts(
     docker_runner: Runner, docker_client: Any
 ) -> None:
     sched = create_scheduler(docker_runner.session_name)
-    before = _busybox_containers(docker_client)
+    before = _probes(docker_client)
     with pytest.raises(ValueError, match=r"^cfg.python: cannot run python3 in .*busybox.*python3"):
         docker_runner.run_function(functions.square, 2, scheduler="local_docker", image=BUSYBOX)
     with pytest.raises(ValueError, match=r"^image: expected a Docker image with Python"):
         docker_runner.run_function(functions.square, 2, scheduler="local_docker")
     assert sched.list() == []
     # the container that found no python3 in the image is gone too
-    assert _busybox_containers(docker_client) == before
+    assert _probes(docker_client) == before
     sched.close()
