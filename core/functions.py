@@ -241,7 +241,7 @@ def _probe_local(python: str) -> str:
 
 @functools.cache
 def _probe_image(
-    image: str, python: str, engine: DockerEngine | None, pull: str, docker_host: str | None
+    image: str, python: str, engine: DockerEngine | None, pull: bool, docker_host: str | None
 ) -> str:
     """(``docker_host``: ``$DOCKER_HOST``, which names the engine when ``engine`` is None)"""
     from docker.errors import DockerException
@@ -284,7 +284,7 @@ def check_interpreter(
     if scheduler == "local_docker":
         if not image:
             raise ValueError("image: expected a Docker image with Python and cloudpickle, got none")
-        pull = str(cfg.get("pull") or "missing")
+        pull = cfg.get("pull") != "never"
         have = _probe_image(image, python, docker_engine, pull, os.environ.get("DOCKER_HOST"))
     elif _on_this_host(scheduler, cfg):
         have = _probe_local(python)

@@ -152,12 +152,12 @@ def _kind(api: Any, cid: str, path: str) -> str | None:
 
 
 def image_python(
-    api: Any, image: str, python: str, code: str, pull: str = request.DEFAULT_PULL
+    api: Any, image: str, python: str, code: str, pull: bool = True
 ) -> tuple[int, str, str]:
     """The exit code, stdout and stderr of ``python -c code`` in a container of ``image`` (no
     network; the image's ENTRYPOINT replaced); the container is removed whatever happens. The
-    image is pulled first if it is absent, unless ``pull`` is ``never`` (the submit that
-    follows pulls it again if ``pull`` is ``always``).
+    image is pulled first if it is absent and ``pull`` (cfg ``pull`` ``never``: False; with
+    ``always``, the submit that follows pulls it again).
 
     Raises:
         ValueError: naming ``image`` (absent and not to be pulled, the pull failed, the engine
@@ -165,7 +165,7 @@ def image_python(
     """
     from docker.errors import APIError
 
-    images.ensure_image(api, image, "never" if pull == "never" else "missing")
+    images.ensure_image(api, image, "missing" if pull else "never")
     try:
         cid = api.create_container(
             image, [python, "-c", code], entrypoint=[], network_disabled=True,
