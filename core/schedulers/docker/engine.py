@@ -105,7 +105,8 @@ def connect(engine: DockerEngine | None = None, **kwargs: Any) -> Any:
 
     Where the engine's certificate is checked against a CA of its own, the environment's CA
     bundles (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``), which would otherwise replace it in
-    ``requests``, are ignored, and so are its proxy variables.
+    ``requests``, are ignored, and so are its proxy variables. An engine on a local socket
+    (unix, npipe, ssh) ignores the proxy variables and netrc too; one over TCP takes them.
 
     Raises:
         ValueError: a setting is not usable, the TLS handshake failed, or the registry refused
