@@ -2,10 +2,18 @@
 ``scripts/start_slurm26.sh`` (through this host's 26.05 commands: cluster ``local26``), beside
 a bare ``sbatch`` of ``srun --container=BUNDLE true`` with a bundle made by hand from the same
 image, and of ``srun --container-image=IMAGE true``, in the same run. Both sides are timed from the submit to the job's end as the same
-``squeue`` loop sees it (Slurm's scheduling and the runtime dominate both)."""
+``squeue`` loop sees it (Slurm's scheduling and the runtime dominate both).
+
+slurmctld starts a submitted batch job only at its next scheduling pass, and its background
+loop runs one at the start of each wall-clock second (``sched_interval=1``): a job waits 0-1 s
+for it, set by when in the second it was submitted. Each side's trials therefore start at the
+same evenly spread points of the second (:func:`_at_phase`), so that wait averages out alike on
+both sides instead of deciding the row: started right after a job's end, the trials of both
+sides used to fall into two groups (about 0.2 s and 0.8 s) and a median landed on either."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import tempfile
@@ -47,6 +55,11 @@ def _ended(job: str) -> bool:
     return state == "COMPLETED"
 
 
+def _at_phase(phase: float) -> None:
+    """Sleeps until the wall clock is ``phase`` (0-1) of the way into a second."""
+    time.sleep((phase - time.time() % 1.0) % 1.0)
+
+
 def _bundle(tmp: str) -> str:
     """A bundle of ``IMAGE`` made as a user would: ``docker export`` and ``runc spec``."""
     bundle = tempfile.mkdtemp(prefix="oci-bundle-", dir=tmp)
@@ -80,7 +93,14 @@ def run(ctx: Ctx) -> list[Row]:
     runner = get_runner(SESSION)
     os.chdir(workdir)
 
-    def timed(submit: Any) -> float:
+    runs = ctx.runs * 2
+    # the same points of the second for both sides, each once in a side's measured trials
+    # (its one warm-up trial takes the first point, the cycle then starts over)
+    spread = [(k + 0.5) / runs for k in range(runs)]
+    phases = {"shipyard": itertools.cycle(spread), "raw": itertools.cycle(spread)}
+
+    def timed(submit: Any, side: str) -> float:
+        _at_phase(next(phases[side]))
         t0 = time.perf_counter()
         job = submit()
         wait_for(lambda: _ended(job), 120, f"container job {job}", interval=0.05)
@@ -109,11 +129,10 @@ def run(ctx: Ctx) -> list[Row]:
         for name, (ship, bare, raw_name) in sides.items():
             sec.measure(
                 sec.row(f"{name}: a container job, submit to end", ratio(1.2), raw_name=raw_name),
-                # (twice the runs: a job's end is seen by squeue after about 0.23 s or 0.78 s, on
-                # either side alike, and a median of five can land on either)
+                # (twice the runs: the samples spread over the second, see the module's doc)
                 lambda row, s=ship, b=bare: fill(  # type: ignore[misc]
-                    row, interleave({"shipyard": lambda: timed(s), "raw": lambda: timed(b)},
-                                    ctx.runs * 2, warmup=1)),
+                    row, interleave({"shipyard": lambda: timed(s, "shipyard"),
+                                     "raw": lambda: timed(b, "raw")}, runs, warmup=1)),
             )  # fmt: skip
     finally:
         runner.close()
