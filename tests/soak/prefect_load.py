@@ -97,14 +97,37 @@ def check_lines(outcome: Outcome, run: FlowRun, plan: Plan) -> None:
         outcome.fail(f"API logs: {len(logged)} lines, repeated or out of order: {logged[:3]}..")
 
 
+def refused_at_start(handle: str, plan: Plan) -> bool:
+    """Whether the job's engine ended at its first API call, refused (the server down): no
+    engine start in its output, and the engine's error is a refused connection."""
+    out = shipyard(["log", handle], STATE_DIR, plan.workdir).stdout
+    return (
+        "Beginning flow run" not in out
+        and "exited with unexpected exception" in out
+        and "Connection refused" in out
+    )
+
+
 def check(
     outcome: Outcome, run: FlowRun, apps: dict[str, list[dict[str, Any]]], plan: Plan
 ) -> None:
-    """Checks one ended run: completed, one submit, one job, its lines once."""
-    if outcome.state != outcome.expected:
-        outcome.fail(f"flow run {run.id} {outcome.state}")
+    """Checks one ended run: completed, one submit, one job, its lines once. A run whose
+    engine's first API call was refused (the server down as it started) is noted instead: the
+    run crashes under any worker, since Prefect's client retries a refused connection only once
+    it has connected (a wrong URL fails fast); the job must then have failed and said so."""
     flow_run = run.read()
     outcome.handle = str(flow_run.infrastructure_pid)
+    refused = outcome.state == "CRASHED" and refused_at_start(outcome.handle, plan)
+    if refused:
+        outcome.notes.append(
+            "its engine's first API call was refused (the Prefect server was down): the run"
+            " crashed, as under any worker; its job failed and the run says so"
+        )
+        message = flow_run.state.message if flow_run.state else None
+        if "non-zero status code" not in (message or ""):
+            outcome.fail(f"flow run {run.id} crashed without its job's exit: {message!r}")
+    elif outcome.state != outcome.expected:
+        outcome.fail(f"flow run {run.id} {outcome.state}")
     messages = [m for _, m in run_logs(run)]
     submits = [m for m in messages if m.startswith("Shipyard job ") and " (idempotency key " in m]
     if len(submits) != 1:
@@ -112,9 +135,10 @@ def check(
     jobs = apps.get(flow_run.name, [])
     if [a["app_handle"] for a in jobs] != [outcome.handle]:
         outcome.fail(f"jobs of {flow_run.name}: {jobs} (run's job {outcome.handle})")
-    elif jobs[0]["state"] != "SUCCEEDED":
+    elif jobs[0]["state"] != ("FAILED" if refused else "SUCCEEDED"):
         outcome.fail(f"job {outcome.handle} {jobs[0]['state']}")
-    check_lines(outcome, run, plan)
+    if not refused:
+        check_lines(outcome, run, plan)
 
 
 def by_name(plan: Plan, names: set[str]) -> dict[str, list[dict[str, Any]]]:
