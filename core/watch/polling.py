@@ -111,7 +111,9 @@ class StatusWatch:
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Calls ``callback()`` (in the poller's thread: keep it short) after each new round
-        of this app, e.g. to wake a thread or an event loop that waits for other things too."""
+        of this app, e.g. to wake a thread or an event loop that waits for other things too.
+        It may still be called just after the watch is closed; an exception it raises is
+        logged, and the polls go on."""
         with self.poller.lock:
             self._listeners.append(callback)
 
@@ -289,7 +291,10 @@ class StatusPoller:
                     listeners.extend(w._listeners)
             self.lock.notify_all()
         for listener in listeners:
-            listener()
+            try:
+                listener()
+            except Exception:  # (one waiter's listener must not stop every app's polls)
+                log.exception("a status listener failed")
 
 
 def _settle(polled: _Polled, handle: AppHandle, outcome: Any, now: float) -> Any:

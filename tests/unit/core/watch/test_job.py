@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -197,6 +198,31 @@ def test_a_cancel_that_comes_with_a_status_ends_the_async_watch(runner: Runner) 
     ended, task = asyncio.run(main())
     assert ended, "the watch went on after its task was cancelled"
     assert task.cancelled()
+
+
+def test_a_listener_that_raises_leaves_every_watch_polled(runner: Runner) -> None:
+    # listeners run in the poller's thread, which polls every app of the process: one that
+    # raises (a hand-over to an event loop closed meanwhile) must not end the polls of the others
+    handle_a, _ = submit(runner, 1)
+    handle_b, app_b = submit(runner, 1)
+    raised = threading.Event()
+
+    def broken() -> None:
+        raised.set()
+        raise RuntimeError("Event loop is closed")
+
+    poller = status_poller()
+    with poller.watch(handle_a, runner, 0.05) as a, poller.watch(handle_b, runner, 0.05) as b:
+        a.add_listener(broken)
+        assert raised.wait(10), "no round reached the listener"
+        MemoryScheduler.finish(app_b, AppState.SUCCEEDED)
+        state = None
+        deadline = time.monotonic() + 10
+        while state != AppState.SUCCEEDED and time.monotonic() < deadline:
+            b.wait(1.0)
+            new, status = b.take()
+            state = status.state if new and status is not None else state
+    assert state == AppState.SUCCEEDED, "the polls stopped after the listener raised"
 
 
 def test_take_items_keeps_an_item_that_comes_with_a_cancel() -> None:
