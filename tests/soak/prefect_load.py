@@ -64,10 +64,14 @@ def numbered(run: FlowRun, tag: str) -> list[str]:
     return [m for _, m in run_logs(run) if m.startswith(f"{tag} ")]
 
 
+def job_log(handle: str, plan: Plan) -> str:
+    """The job's output as ``shipyard log`` prints it (from the backend)."""
+    return shipyard(["log", handle], STATE_DIR, plan.workdir).stdout
+
+
 def job_output(handle: str, plan: Plan) -> list[str]:
     """The messages the flow's engine printed (its job's output, from the backend)."""
-    proc = shipyard(["log", handle], STATE_DIR, plan.workdir)
-    return [line.split(" - ", 1)[1] for line in proc.stdout.splitlines() if " - " in line]
+    return [line.split(" - ", 1)[1] for line in job_log(handle, plan).splitlines() if " - " in line]
 
 
 def subsequence(got: list[str], want: list[str]) -> bool:
@@ -100,7 +104,7 @@ def check_lines(outcome: Outcome, run: FlowRun, plan: Plan) -> None:
 def refused_at_start(handle: str, plan: Plan) -> bool:
     """Whether the job's engine ended at its first API call, refused (the server down): no
     engine start in its output, and the engine's error is a refused connection."""
-    out = shipyard(["log", handle], STATE_DIR, plan.workdir).stdout
+    out = job_log(handle, plan)
     return (
         "Beginning flow run" not in out
         and "exited with unexpected exception" in out
